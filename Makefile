@@ -1,0 +1,34 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# torch and torchvision are pinned here for this machine's local wheel store; pyproject keeps ranges for users.
+TORCH := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: venv demo test bench lint clean
+
+$(BIN)/yolo-cb: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/yolo-cb
+
+venv: $(BIN)/yolo-cb
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python benchmarks/callbacks.py
+	$(BIN)/python benchmarks/dataloader.py
+	$(BIN)/python benchmarks/inference.py
+
+lint: venv
+	$(BIN)/ruff check yolo_cb tests benchmarks
+
+clean:
+	rm -rf runs build dist *.egg-info

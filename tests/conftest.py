@@ -1,0 +1,71 @@
+"""Shared fixtures: paths to ../shared datasets and tiny data YAMLs pointing at them in place."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the test callback package `cbpkg`
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is missing (../shared datasets)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shapes_dir() -> Path:
+    return _need(SHARED / "datasets" / "shapes")
+
+
+@pytest.fixture(scope="session")
+def coco8_dir() -> Path:
+    return _need(SHARED / "datasets" / "coco8")
+
+
+@pytest.fixture(scope="session")
+def shapes_yaml(tmp_path_factory, shapes_dir) -> Path:
+    """A data YAML using ../shared/datasets/shapes in place (its own data.yaml has no path:)."""
+    path = tmp_path_factory.mktemp("data") / "shapes.yaml"
+    path.write_text(f"path: {shapes_dir}\ntrain: images/train\nval: images/val\nnames: [circle, rectangle, triangle, cross]\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shapes_small_yaml(tmp_path_factory, shapes_dir) -> Path:
+    """A small subset of shapes (32 train / 16 val images via .txt lists) for fast trainings."""
+    folder = tmp_path_factory.mktemp("shapes_small")
+    train = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:32]
+    val = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[:16]
+    (folder / "train.txt").write_text("\n".join(map(str, train)) + "\n")
+    (folder / "val.txt").write_text("\n".join(map(str, val)) + "\n")
+    path = folder / "shapes_small.yaml"
+    path.write_text(f"path: {folder}\ntrain: train.txt\nval: val.txt\nnames: [circle, rectangle, triangle, cross]\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def coco8_yaml(tmp_path_factory, coco8_dir) -> Path:
+    import yaml
+
+    names = yaml.safe_load((ROOT / "cfg" / "datasets" / "coco8.yaml").read_text())["names"]
+    path = tmp_path_factory.mktemp("data") / "coco8.yaml"
+    path.write_text(yaml.safe_dump({"path": str(coco8_dir), "train": "images/train", "val": "images/val", "names": names}))
+    return path
+
+
+# Settings for tiny, fast trainings on 2 CPU cores: no integrations unless a test turns one on.
+TINY = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=1, workers=0, mosaic=0.0, mlflow=False, tensorboard=False,
+            onnx_check=False, plots=False, no_aug_epochs=0, warmup_epochs=0.0, optimizer="AdamW", lr0=0.002, exist_ok=False)
+
+
+@pytest.fixture
+def tiny(tmp_path, shapes_small_yaml):
+    """Keyword arguments for a tiny training run in tmp_path."""
+    return {**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "name": "exp"}

@@ -1,0 +1,190 @@
+"""The callback engine on its own: names, order, errors, policies, timing, state, registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from yolo_cb.callbacks import EVENTS, CallbackError, Callbacks, rank_zero_only
+from yolo_cb.callbacks.registry import REGISTRY, apply_specs, build_trainer_callbacks, parse_specs, register_callback
+from yolo_cb.config import get_config
+
+
+def test_unknown_event_suggests_the_closest():
+    cb = Callbacks()
+    with pytest.raises(ValueError, match="(?i)did you mean 'on_fit_epoch_end'"):
+        cb.add_callback("on_fit_epoch_ned", print)
+    with pytest.raises(ValueError, match="unknown callback event"):
+        cb.run("on_nothing", object())
+
+
+def test_non_callable_is_refused():
+    with pytest.raises(TypeError, match="must be callable"):
+        Callbacks().add_callback("on_train_end", 42)
+
+
+def test_order_is_groups_then_registration():
+    cb, seen = Callbacks(), []
+    cb.add_callback("on_train_end", lambda o: seen.append("user1"))
+    cb.add_callback("on_train_end", lambda o: seen.append("default"), group="default")
+    cb.add_callback("on_train_end", lambda o: seen.append("integration"), group="integration")
+    cb.add_callback("on_train_end", lambda o: seen.append("user2"))
+    cb.run("on_train_end", None)
+    assert seen == ["default", "integration", "user1", "user2"]
+
+
+def test_set_clear_reset():
+    cb, seen = Callbacks(), []
+    cb.add_callback("on_train_end", lambda o: seen.append("d"), group="default")
+    cb.mark_defaults()
+    cb.add_callback("on_train_end", lambda o: seen.append("u"))
+    cb.set_callback("on_train_start", lambda o: seen.append("s"))
+    cb.reset_callbacks()
+    cb.run("on_train_end", None)
+    cb.run("on_train_start", None)
+    assert seen == ["d"]
+    cb.clear_callback("on_train_end")
+    cb.run("on_train_end", None)
+    assert seen == ["d"]
+
+
+def test_raising_callback_names_callback_and_event():
+    def broken(obj):
+        raise ZeroDivisionError("boom")
+
+    cb = Callbacks()
+    cb.add_callback("on_train_epoch_end", broken)
+    with pytest.raises(CallbackError) as info:
+        cb.run("on_train_epoch_end", None)
+    text = str(info.value)
+    assert "test_raising_callback_names_callback_and_event.<locals>.broken" in text and "on_train_epoch_end" in text
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_disable_policy_switches_the_whole_object_off(caplog):
+    class Integration:
+        calls = 0
+
+        def on_train_start(self, trainer):
+            raise RuntimeError("server down")
+
+        def on_train_end(self, trainer):
+            Integration.calls += 1
+
+    cb = Callbacks()
+    cb.add_callbacks(Integration(), group="integration", on_error="disable")
+    cb.run("on_train_start", None)
+    cb.run("on_train_start", None)
+    cb.run("on_train_end", None)
+    assert Integration.calls == 0
+    assert sum("switched off" in r.message for r in caplog.records) == 1
+
+
+def test_warn_policy_keeps_calling():
+    calls = []
+
+    def flaky(obj):
+        calls.append(1)
+        raise ValueError("x")
+
+    cb = Callbacks()
+    cb.add_callback("on_train_batch_end", flaky, on_error="warn")
+    for _ in range(3):
+        cb.run("on_train_batch_end", None)
+    assert len(calls) == 3
+
+
+def test_object_with_misspelt_method_is_refused():
+    class Bad:
+        def on_fit_epoch_ed(self, trainer):
+            pass
+
+    with pytest.raises(ValueError, match="names no event.*on_fit_epoch_end"):
+        Callbacks().add_callbacks(Bad())
+
+
+def test_timing_stats_and_table():
+    cb = Callbacks()
+    cb.add_callback("on_train_end", lambda o: None)
+    for _ in range(5):
+        cb.run("on_train_end", None)
+    row = cb.stats()[0]
+    assert row["calls"] == 5 and row["total_s"] >= 0
+    assert "on_train_end" in cb.table()
+
+
+def test_state_round_trip_and_unclaimed_warning(caplog):
+    from cbpkg import Marker
+
+    cb = Callbacks()
+    m = Marker()
+    m.count = 7
+    cb.add_callbacks(m)
+    state = cb.state_dict()
+    assert state == {"cbpkg.Marker": {"count": 7}}
+    other = Callbacks()
+    fresh = Marker()
+    other.add_callbacks(fresh)
+    other.load_state_dict({**state, "gone.Callback": {"x": 1}})
+    assert fresh.count == 7
+    assert any("gone.Callback" in r.message for r in caplog.records)
+
+
+def test_specs_cli_and_yaml_forms_register_the_same(tmp_path):
+    cli = Callbacks()
+    apply_specs(cli, "on_fit_epoch_end=cbpkg:log_epoch,cbpkg:Marker,test_marker")
+    yml = Callbacks()
+    apply_specs(yml, [{"on_fit_epoch_end": "cbpkg:log_epoch"}, "cbpkg:Marker", {"test_marker": {"tag": "y"}}])
+    py = Callbacks()
+    import cbpkg
+
+    py.add_callback("on_fit_epoch_end", cbpkg.log_epoch)
+    py.add_callbacks(cbpkg.Marker())
+    py.add_callbacks(REGISTRY["test_marker"](), name="test_marker")
+    names = lambda c: [(e, x.name) for e in EVENTS for x in c.entries(e)]  # noqa: E731
+    assert names(cli) == names(yml) == names(py)
+
+
+def test_unknown_registered_name_and_bad_import_path():
+    with pytest.raises(ValueError, match="not registered.*Did you mean 'early_stopping'"):
+        apply_specs(Callbacks(), "early_stoping")
+    with pytest.raises(ValueError, match="cannot import module 'nopkg.mod'"):
+        apply_specs(Callbacks(), "on_train_end=nopkg.mod:fn")
+    with pytest.raises(ValueError, match="unknown event 'on_train_ned'"):
+        apply_specs(Callbacks(), "on_train_ned=cbpkg:log_epoch")
+
+
+def test_parse_specs_forms():
+    assert parse_specs("a, b=c:d") == ["a", "b=c:d"]
+    assert parse_specs(None) == []
+    assert parse_specs({"x": {"k": 1}}) == [{"x": {"k": 1}}]
+
+
+def test_register_callback_refuses_a_second_owner():
+    @register_callback("unique_test_name")
+    class A:
+        def on_train_end(self, t):
+            pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_callback("unique_test_name")(type("B", (), {}))
+
+
+def test_trainer_callbacks_defaults_then_integrations_then_user():
+    args = get_config({"mlflow": False, "tensorboard": False, "onnx_check": False, "plots": False, "no_aug_epochs": 0,
+                       "callbacks": "on_fit_epoch_end=cbpkg:log_epoch"})
+    user = Callbacks()
+    user.add_callback("on_fit_epoch_end", print)
+    cb = build_trainer_callbacks(args, user)
+    groups = [e.group for e in cb.entries("on_fit_epoch_end")]
+    assert groups == sorted(groups, key=["default", "integration", "user"].index)
+    assert [e.name for e in cb.entries("on_fit_epoch_end")][-2:] == ["builtins.print", "cbpkg.log_epoch"]
+
+
+def test_rank_zero_only(monkeypatch):
+    calls = []
+    fn = rank_zero_only(lambda o: calls.append(1))
+    monkeypatch.setenv("RANK", "1")
+    fn(None)
+    monkeypatch.setenv("RANK", "0")
+    fn(None)
+    assert calls == [1]

@@ -1,0 +1,175 @@
+"""The default callbacks every trainer has: progress, results.csv/png, checkpoints, early stopping.
+
+Each is a registered callback object; the training loop itself only fires events.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+import time
+from pathlib import Path
+
+from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.log import LOGGER
+
+
+@register_callback("progress")
+class Progress:
+    """A tqdm bar per epoch on a terminal; one plain line per epoch otherwise. Main process only."""
+
+    rank_zero_only = True
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.bar = None
+        self.epoch_start = 0.0
+
+    def _enabled(self, trainer) -> bool:
+        return trainer.is_main
+
+    def on_train_epoch_start(self, trainer):
+        if not self._enabled(trainer):
+            return
+        self.epoch_start = time.perf_counter()
+        stream = self.stream or sys.stdout
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=trainer.num_batches, file=stream, bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
+        if trainer.epoch == trainer.start_epoch:
+            LOGGER.info(self.header(trainer))
+
+    def header(self, trainer) -> str:
+        names = ["Epoch", *trainer.loss_names, "Instances", "Size"]
+        return "".join(f"{n:>11}" for n in names)
+
+    def line(self, trainer) -> str:
+        losses = "".join(f"{v:>11.4g}" for v in trainer.tloss)
+        return f"{f'{trainer.epoch + 1}/{trainer.epochs}':>11}{losses}{trainer.batch_instances:>11}{trainer.batch_size_px:>11}"
+
+    def on_train_batch_end(self, trainer):
+        if self.bar is not None:
+            self.bar.set_description(self.line(trainer))
+            self.bar.update(1)
+
+    def on_train_epoch_end(self, trainer):
+        if not self._enabled(trainer):
+            return
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        else:
+            seconds = time.perf_counter() - self.epoch_start
+            LOGGER.info(f"{self.line(trainer)}   {trainer.batch_i + 1}/{trainer.num_batches} batches, {seconds:.1f}s")
+
+    def teardown(self, trainer):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@register_callback("results_csv")
+class ResultsCSV:
+    """results.csv: one row per epoch (epoch, time, train losses, metrics, val losses, lrs); results.png at the end."""
+
+    def on_fit_epoch_end(self, trainer):
+        if not trainer.is_main or not trainer.args.save:
+            return
+        row = {"epoch": trainer.epoch + 1, "time": round(trainer.elapsed, 3), **trainer.label_loss_items(trainer.tloss, prefix="train"),
+               **trainer.metrics, **trainer.lr}
+        path = Path(trainer.save_dir) / "results.csv"
+        rows = read_results(path)
+        rows = [r for r in rows if int(float(r["epoch"])) < row["epoch"]]  # a resumed run rewrites epochs it repeats
+        rows.append({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[-1].keys()), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(path, buffer.getvalue())
+
+    def on_train_end(self, trainer):
+        if trainer.is_main and trainer.args.plots and trainer.args.save:
+            from yolo_cb.utils.plotting import plot_results
+
+            plot_results(Path(trainer.save_dir) / "results.csv")
+
+
+def read_results(path: Path) -> list[dict]:
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@register_callback("checkpoint")
+class Checkpoint:
+    """last.pt every epoch, best.pt when fitness improves, epoch{N}.pt every save_period, top-k best_epoch{N}.pt."""
+
+    def __init__(self):
+        self.topk: list[tuple[float, int]] = []  # (fitness, epoch) of the kept top-k files
+
+    def on_model_save(self, trainer):
+        if not trainer.is_main or not trainer.args.save:
+            return
+        ckpt = trainer.checkpoint_dict()
+        weights = trainer.wdir
+        trainer.save_checkpoint_file(ckpt, weights / "last.pt")
+        if trainer.improved:
+            trainer.save_checkpoint_file(ckpt, weights / "best.pt")
+        period = trainer.args.save_period
+        if period > 0 and (trainer.epoch + 1) % period == 0:
+            trainer.save_checkpoint_file(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
+        self._keep_topk(trainer, ckpt)
+
+    def _keep_topk(self, trainer, ckpt):
+        k = trainer.args.save_topk
+        if k <= 0 or trainer.fitness is None:
+            return
+        self.topk.append((float(trainer.fitness), trainer.epoch + 1))
+        self.topk.sort(key=lambda item: -item[0])
+        if (float(trainer.fitness), trainer.epoch + 1) in self.topk[:k]:
+            trainer.save_checkpoint_file(ckpt, trainer.wdir / f"best_epoch{trainer.epoch + 1}.pt")
+        for _, epoch in self.topk[k:]:
+            (trainer.wdir / f"best_epoch{epoch}.pt").unlink(missing_ok=True)
+        self.topk = self.topk[:k]
+
+    def state_dict(self):
+        return {"topk": [[f, e] for f, e in self.topk]}
+
+    def load_state_dict(self, state):
+        self.topk = [(float(f), int(e)) for f, e in state.get("topk", [])]
+
+
+@register_callback("early_stopping")
+class EarlyStopping:
+    """Stop when fitness has not improved for `patience` epochs (0 = off)."""
+
+    def __init__(self):
+        self.best_fitness = None
+        self.best_epoch = 0
+
+    def on_model_save(self, trainer):
+        # update before the checkpoint callback (registered after this one) stores our state
+        if trainer.fitness is not None and (self.best_fitness is None or trainer.fitness > self.best_fitness):
+            self.best_fitness, self.best_epoch = float(trainer.fitness), trainer.epoch
+
+    def on_fit_epoch_end(self, trainer):
+        if trainer.fitness is None:
+            return
+        self.on_model_save(trainer)
+        patience = trainer.args.patience
+        if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
+            trainer.stop = True
+            trainer.stop_reason = f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})"
+
+    def state_dict(self):
+        return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state):
+        self.best_fitness, self.best_epoch = state.get("best_fitness"), int(state.get("best_epoch", 0))
+
+
+DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")  # registration order = firing order

@@ -1,0 +1,122 @@
+"""`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
+
+Modes: train, val, predict, export; and `yolo-cb cfg | help | version`.
+A usage error prints one clear message (no traceback) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from yolo_cb.config import ConfigError, describe_settings, load_defaults
+from yolo_cb.utils.suggest import did_you_mean
+
+MODES = ("train", "val", "predict", "export")
+SPECIAL = ("cfg", "help", "version")
+
+HELP = """\
+yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
+
+Usage:
+  yolo-cb MODE key=value ...      MODE is one of: train val predict export
+  yolo-cb cfg                     every setting with its default and meaning
+  yolo-cb help | version
+
+Examples:
+  yolo-cb train data=shapes.yaml model=yolox-nano.yaml epochs=10 imgsz=320
+  yolo-cb train data=coco8.yaml callbacks=on_fit_epoch_end=mypkg.cbs:stop_at_target
+  yolo-cb val model=runs/train/exp/weights/best.pt data=shapes.yaml
+  yolo-cb export model=runs/train/exp/weights/best.pt format=onnx
+  yolo-cb predict model=runs/train/exp/weights/best.onnx source=path/to/images
+  torchrun --nproc_per_node 2 -m yolo_cb train data=shapes.yaml device=cpu
+
+Docs: README.md and docs/ (callbacks.md, cli.md, export.md, distributed.md, metrics.md)."""
+
+
+class UsageError(Exception):
+    """Bad command line; printed as one message, exit status 2."""
+
+
+def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
+    """argv -> (mode, {key: raw string value}); refuses `key value` and unknown keys with hints."""
+    if not argv:
+        raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export; or cfg, help, version)")
+    mode, rest = argv[0], argv[1:]
+    if mode not in MODES + SPECIAL:
+        hint = did_you_mean(mode, MODES + SPECIAL)
+        if "=" in mode:
+            hint = " Put the mode first, e.g. `yolo-cb train data=shapes.yaml`."
+        raise UsageError(f"'{mode}' is not a mode.{hint} Modes: {', '.join(MODES + SPECIAL)}")
+    valid = load_defaults()
+    overrides: dict[str, str] = {}
+    for i, token in enumerate(rest):
+        if token.startswith("--"):
+            token = token[2:]
+            if "=" in token:
+                print(f"WARNING '--{token}': yolo-cb arguments are written key=value without dashes; accepted as '{token}'", file=sys.stderr)
+            elif token in ("help", "h"):
+                return "help", {}
+        if "=" not in token:
+            if token in valid:
+                following = rest[i + 1] if i + 1 < len(rest) else "VALUE"
+                raise UsageError(f"'{token}' needs '=': write {token}={following} (yolo-cb arguments are key=value)")
+            raise UsageError(f"'{token}' is not a key=value argument.{did_you_mean(token, valid)} See all with `yolo-cb cfg`.")
+        key, _, value = token.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in valid:
+            raise UsageError(f"'{key}' is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+        if key == "mode":
+            raise UsageError("give the mode as the first word (yolo-cb train ...), not as mode=")
+        overrides[key] = value
+    return mode, overrides
+
+
+def print_settings() -> None:
+    for key, default, comment in describe_settings():
+        if key == "#":
+            print(f"\n# {default}")
+        else:
+            shown = "" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+            print(f"{key:<24} {shown:<12} {comment}")
+
+
+def run(argv: list[str]) -> object:
+    mode, overrides = parse_args(argv)
+    if mode == "help":
+        print(HELP)
+        return None
+    if mode == "version":
+        from yolo_cb import __version__
+
+        print(__version__)
+        return None
+    if mode == "cfg":
+        print_settings()
+        return None
+    from yolo_cb.config import get_config
+    from yolo_cb.utils.log import setup_logging
+
+    args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
+    setup_logging(verbose=args.verbose)
+    from yolo_cb.model import YOLO
+
+    model = YOLO(args.model or ("yolox-nano.yaml" if mode == "train" else None))
+    call = {"train": model.train, "val": model.val, "predict": model.predict, "export": model.export}[mode]
+    kwargs = {k: v for k, v in overrides.items() if k != "model"}
+    return call(**kwargs)
+
+
+def entrypoint(argv: list[str] | None = None) -> None:  # noqa: C901
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        run(argv)
+    except (UsageError, ConfigError) as error:
+        print(f"yolo-cb: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except FileNotFoundError as error:
+        print(f"yolo-cb: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # e.g. `yolo-cb cfg | head`
+        sys.stderr.close()

@@ -1,0 +1,193 @@
+"""Settings: defaults from cfg/default.yaml, a `cfg=` file, then overrides; typed, range-checked, strict.
+
+An unknown key, a wrong type or an out-of-range value raises ConfigError naming the key,
+the value and what would be right (with 'did you mean' for misspelt keys).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.suggest import did_you_mean
+
+
+class ConfigError(ValueError):
+    """A setting is unknown, of the wrong type, or out of range."""
+
+
+# Per-key type rules. Keys not listed take the type of their default (bool, int, float, str).
+INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
+    "epochs": (1, None), "patience": (0, None), "batch": (1, None), "imgsz": (32, None), "save_period": (-1, None),
+    "save_topk": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
+    "nbs": (1, None), "no_aug_epochs": (0, None), "max_det": (1, None), "plot_period": (1, None), "opset": (7, None),
+    "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "freeze": (0, None), "line_width": (1, None),
+}
+FRACTIONS = {"lrf", "momentum", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v", "translate", "scale", "flipud", "fliplr",
+             "mosaic", "mixup", "iou", "conf", "fraction"}
+POSITIVE_FLOATS = {"lr0", "time", "box", "export_tol", "onnx_check_tol"}
+NONNEG_FLOATS = {"weight_decay", "warmup_epochs", "warmup_bias_lr", "degrees", "shear", "grad_clip"}
+ENUMS = {
+    "optimizer": ("SGD", "Adam", "AdamW", "auto"), "mode": ("train", "val", "predict", "export"), "task": ("detect",),
+    "cache": (False, "ram", "disk"), "format": ("onnx", "torchscript"), "iou_type": ("iou", "giou"),
+    "split": ("train", "val", "test"), "onnx_check": (True, False, "strict"),
+}
+# Keys whose default is empty (None) and that hold free text or structured values.
+FREE = {"model", "data", "cfg", "device", "project", "name", "source", "datasets_dir", "callbacks", "classes"}
+# Keys that are a bool or a path.
+BOOL_OR_PATH = {"resume", "pretrained"}
+
+
+def load_defaults() -> dict[str, Any]:
+    return yaml.safe_load(DEFAULT_CFG.read_text())
+
+
+def describe_settings() -> list[tuple[str, Any, str]]:
+    """(key, default, comment) for every setting, in file order, with section headers as ('#', title, '')."""
+    rows = []
+    for line in DEFAULT_CFG.read_text().splitlines():
+        header = re.match(r"#\s*---\s*(.+?)\s*-+\s*$", line)
+        if header:
+            rows.append(("#", header.group(1), ""))
+            continue
+        match = re.match(r"^([a-z_0-9]+):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if match:
+            key, raw, comment = match.groups()
+            rows.append((key, yaml.safe_load(raw) if raw else None, comment or ""))
+    return rows
+
+
+def _bad(key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"invalid value for '{key}': {value!r} ({type(value).__name__}); expected {expected}")
+
+
+def coerce(key: str, value: Any, default: Any) -> Any:
+    """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range."""
+    if isinstance(value, str) and key not in FREE and key not in ("name",):
+        stripped = value.strip()
+        parsed = yaml.safe_load(stripped) if stripped else None
+        if not isinstance(parsed, (dict, list)) or key == "classes":
+            value = parsed if key not in ("model", "data") else value
+    if key in ENUMS:
+        choices = ENUMS[key]
+        if key == "cache" and value is True:
+            value = "ram"
+        if value is None and key == "cache":
+            value = False
+        lowered = {str(c).lower(): c for c in choices}
+        if isinstance(value, str) and value.lower() in lowered:
+            value = lowered[value.lower()]
+        if value not in choices or (isinstance(value, bool) != any(isinstance(c, bool) and c == value for c in choices) and isinstance(value, bool)):
+            raise _bad(key, value, "one of " + " | ".join(str(c) for c in choices))
+        return value
+    if key in BOOL_OR_PATH:
+        if value is None:
+            return False
+        if isinstance(value, (bool, str)):
+            return value
+        raise _bad(key, value, "true, false or a path")
+    if key in FREE:
+        if key == "classes":
+            return _coerce_classes(value)
+        if key == "device" and isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        if key in ("device", "name", "project", "datasets_dir", "model", "data", "cfg") and value is not None:
+            return str(value)
+        return value
+    if key in INT_RANGES:
+        if value is None and (default is None):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+            raise _bad(key, value, "an integer")
+        value = int(value)
+        low, high = INT_RANGES[key]
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise _bad(key, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
+        if key == "imgsz" and value % 32:
+            raise _bad(key, value, f"a multiple of 32 (the model's largest stride), e.g. {max(32, round(value / 32) * 32)}")
+        return value
+    if key in FRACTIONS or key in POSITIVE_FLOATS or key in NONNEG_FLOATS:
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(key, value, "a number")
+        value = float(value)
+        if key in FRACTIONS and not 0.0 <= value <= 1.0:
+            raise _bad(key, value, "a fraction in [0, 1]")
+        if key == "fraction" and value == 0.0:
+            raise _bad(key, value, "a fraction in (0, 1]")
+        if key in POSITIVE_FLOATS and value <= 0:
+            raise _bad(key, value, "a number > 0")
+        if key in NONNEG_FLOATS and value < 0:
+            raise _bad(key, value, "a number >= 0")
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise _bad(key, value, "true or false")
+    return value
+
+
+def _coerce_classes(value: Any) -> list[int] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[,\s\[\]]+", value) if v]
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
+
+
+class Config(SimpleNamespace):
+    """The resolved settings; attribute access (args.epochs) and dict conversion."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+def check_keys(overrides: dict[str, Any], valid: dict[str, Any], source: str = "") -> None:
+    for key in overrides:
+        if key not in valid:
+            where = f" in {source}" if source else ""
+            raise ConfigError(f"'{key}'{where} is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+
+
+def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
+    """Defaults <- `base` (e.g. a checkpoint's train_args) <- cfg= file <- overrides; typed and checked."""
+    defaults = load_defaults()
+    merged = dict(defaults)
+    overrides = dict(overrides or {})
+    if base:
+        merged.update({k: v for k, v in base.items() if k in defaults})
+    cfg_file = overrides.get("cfg") or (base or {}).get("cfg")
+    if cfg_file:
+        path = Path(str(cfg_file)).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"cfg={cfg_file}: file not found")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
+        check_keys(loaded, defaults, source=str(path))
+        merged.update(loaded)
+    check_keys(overrides, defaults)
+    merged.update(overrides)
+    return Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved settings as YAML (args.yaml in each run dir)."""
+    from yolo_cb.utils.files import atomic_write_text
+
+    data = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.as_dict().items()}
+    atomic_write_text(Path(path), yaml.safe_dump(data, sort_keys=False))

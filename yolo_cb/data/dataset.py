@@ -1,0 +1,186 @@
+"""YOLO-format detection dataset: images + ``labels/*.txt``, verified, cached, augmented."""
+
+from __future__ import annotations
+
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from yolo_cb.data.transforms import build_transforms
+from yolo_cb.data.verify import list_image_files, load_labels
+
+LOGGER = logging.getLogger("yolo_cb")
+
+
+def normalise_cache_mode(cache) -> str | None:
+    """``False``/``None``/'false' -> None; ``True``/'ram' -> 'ram'; 'disk' -> 'disk'."""
+    if cache is None or cache is False or str(cache).lower() in ("false", "none", "", "0"):
+        return None
+    if cache is True or str(cache).lower() in ("true", "ram", "1"):
+        return "ram"
+    if str(cache).lower() == "disk":
+        return "disk"
+    raise ValueError(f"cache={cache!r} is not one of false, ram, disk")
+
+
+class YOLODataset(torch.utils.data.Dataset):
+    """Detection dataset over ``img_path`` (folder, .txt list, or a list of those).
+
+    Labels live beside the images with the last ``/images/`` replaced by ``/labels/`` and a
+    ``.txt`` suffix; each line is ``class cx cy w h`` normalised to the image.
+    ``hyp`` is any object with the augmentation settings as attributes (mosaic, mixup, degrees,
+    translate, scale, shear, fliplr, flipud, hsv_h, hsv_s, hsv_v).
+    A sample (``dataset[i]``) is a dict: ``img`` uint8 tensor (3, H, W) RGB, ``cls`` (n,) int64,
+    ``bboxes`` (n, 4) float32 ``cx cy w h`` in pixels of ``img``, ``im_file``, ``ori_shape``
+    (h0, w0) and ``ratio_pad`` (ratio, (pad_w, pad_h)); :func:`yolo_cb.data.loader.collate_fn`
+    batches them.
+    """
+
+    def __init__(self, img_path, imgsz, names, augment, hyp, rect=False, batch_size=16, stride=32,
+                 cache=False, fraction=1.0, prefix="train: "):
+        super().__init__()
+        self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
+        self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+        self.batch_size, self.stride, self.prefix = int(batch_size), int(stride), prefix
+        self.mosaic_closed = False
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction={fraction} must be in (0, 1]")
+        im_files = list_image_files(img_path, prefix)
+        if fraction < 1:
+            im_files = im_files[: max(1, round(len(im_files) * fraction))]
+        if not im_files:
+            raise FileNotFoundError(f"{prefix}no images found in {img_path}")
+        self.labels, self.report = load_labels(im_files, len(self.names), prefix)
+        if not self.labels:
+            raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
+        if self.rect:
+            self._sort_by_aspect_ratio()
+        self.cache_mode = normalise_cache_mode(cache)
+        self.ims: list = [None] * len(self.labels)
+        if self.cache_mode:
+            self.cache_images()
+        self.transforms = build_transforms(self, self.imgsz, hyp, self.augment, rect=self.rect)
+
+    @property
+    def im_files(self) -> list[str]:
+        return [lb["im_file"] for lb in self.labels]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    # --- rectangular batches -------------------------------------------------------------------
+    def _sort_by_aspect_ratio(self):
+        """Sort by h/w and give each batch one shape: long side imgsz, short side the smallest stride multiple."""
+        aspect = np.array([lb["shape"][0] / lb["shape"][1] for lb in self.labels])
+        order = np.argsort(aspect, kind="stable")
+        self.labels = [self.labels[i] for i in order]
+        aspect = aspect[order]
+        n_batches = math.ceil(len(aspect) / self.batch_size)
+        self.batch_shapes = []
+        for b in range(n_batches):
+            ar = aspect[b * self.batch_size : (b + 1) * self.batch_size]
+            lo, hi = ar.min(), ar.max()
+            h_gain, w_gain = (hi, 1.0) if hi < 1 else (1.0, 1 / lo) if lo > 1 else (1.0, 1.0)
+            shape = [math.ceil(self.imgsz * g / self.stride - 1e-6) * self.stride for g in (h_gain, w_gain)]
+            self.batch_shapes.append(tuple(shape))
+        self.batch_index = np.arange(len(aspect)) // self.batch_size
+
+    # --- images --------------------------------------------------------------------------------
+    def _read(self, i: int) -> np.ndarray:
+        f = self.labels[i]["im_file"]
+        if self.cache_mode == "disk":
+            npy = Path(f).with_suffix(".npy")
+            if npy.is_file():
+                try:
+                    return np.load(npy, allow_pickle=False)
+                except (OSError, ValueError):
+                    pass
+        img = cv2.imread(f)
+        if img is None:
+            raise FileNotFoundError(f"{self.prefix}image {f} could not be read (it passed verification: was it changed?)")
+        return img
+
+    def _resize(self, img: np.ndarray) -> np.ndarray:
+        """Resize so the long side is imgsz."""
+        h0, w0 = img.shape[:2]
+        r = self.imgsz / max(h0, w0)
+        if r != 1:
+            size = (min(max(1, round(w0 * r)), self.imgsz), min(max(1, round(h0 * r)), self.imgsz))
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            img = cv2.resize(img, size, interpolation=interp)
+        return img
+
+    def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The image (BGR, long side imgsz) and its original (h0, w0)."""
+        if self.ims[i] is not None:
+            return self.ims[i], self.labels[i]["shape"]
+        return self._resize(self._read(i)), self.labels[i]["shape"]
+
+    def cache_images(self):
+        """Decode (and resize) every image once: into RAM, or as .npy beside each image for 'disk'."""
+        from tqdm import tqdm
+
+        def work(i):
+            if self.cache_mode == "ram":
+                self.ims[i] = self._resize(self._read(i))
+                return self.ims[i].nbytes
+            npy = Path(self.labels[i]["im_file"]).with_suffix(".npy")
+            if not npy.is_file():
+                np.save(npy, cv2.imread(self.labels[i]["im_file"]), allow_pickle=False)
+            return npy.stat().st_size
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            total = sum(tqdm(pool.map(work, range(len(self))), total=len(self), desc=f"{self.prefix}caching images ({self.cache_mode})", leave=False))
+        LOGGER.info(f"{self.prefix}cached {len(self)} images ({total / 2**30:.2f} GB, {self.cache_mode})")
+
+    # --- samples -------------------------------------------------------------------------------
+    def get_image_and_label(self, i: int) -> dict:
+        """Image i resized (long side imgsz) with its boxes as pixel xyxy: the input of the transforms."""
+        img, (h0, w0) = self.load_image(i)
+        h, w = img.shape[:2]
+        label = self.labels[i]
+        xywh = label["bboxes"]
+        boxes = np.empty((len(xywh), 4), dtype=np.float32)
+        boxes[:, 0] = (xywh[:, 0] - xywh[:, 2] / 2) * w
+        boxes[:, 1] = (xywh[:, 1] - xywh[:, 3] / 2) * h
+        boxes[:, 2] = (xywh[:, 0] + xywh[:, 2] / 2) * w
+        boxes[:, 3] = (xywh[:, 1] + xywh[:, 3] / 2) * h
+        sample = {
+            "img": img, "cls": label["cls"].copy(), "bboxes": boxes,
+            "areas": (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]),
+            "im_file": label["im_file"], "ori_shape": (h0, w0),
+            "ratio_pad": (self.imgsz / max(h0, w0), (0.0, 0.0)), "mosaic": False,
+        }
+        if self.rect:
+            sample["rect_shape"] = self.batch_shapes[self.batch_index[i]]
+        return sample
+
+    def __getitem__(self, i: int) -> dict:
+        sample = self.get_image_and_label(i)
+        for t in self.transforms:
+            sample = t(sample)
+        return self.format(sample)
+
+    @staticmethod
+    def format(sample: dict) -> dict:
+        """To the batchable form: RGB CHW uint8 tensor; boxes as pixel cx cy w h."""
+        img = np.ascontiguousarray(sample["img"][..., ::-1].transpose(2, 0, 1))
+        b = sample["bboxes"].reshape(-1, 4)
+        xywh = np.stack([(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]], 1)
+        return {
+            "img": torch.from_numpy(img), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
+            "bboxes": torch.from_numpy(xywh.astype(np.float32)), "im_file": sample["im_file"],
+            "ori_shape": tuple(sample["ori_shape"]), "ratio_pad": sample["ratio_pad"], "mosaic": bool(sample["mosaic"]),
+        }
+
+    def close_mosaic(self) -> None:
+        """Final no-augmentation stage (YOLOX): no mosaic, mixup or affine; letterbox + flip + HSV stay."""
+        for t in self.transforms:
+            if hasattr(t, "close"):
+                t.close()
+        self.mosaic_closed = True

@@ -1,0 +1,116 @@
+"""Batching and data loaders: seeded workers, DDP sampling, and a mosaic switch that reaches the workers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from yolo_cb.data.dataset import YOLODataset
+
+LOGGER = logging.getLogger("yolo_cb")
+
+
+def collate_fn(samples: list[dict]) -> dict:
+    """Stack samples into a batch.
+
+    ``img`` uint8 (B, 3, H, W) RGB; ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]``
+    in pixels of ``img``; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))]
+    mapping ``img`` back to the original image with ``(xy - pad) / ratio``.
+    """
+    img = torch.stack([s["img"] for s in samples]).contiguous()
+    targets = [
+        torch.cat([torch.full((len(s["cls"]), 1), float(i)), s["cls"].float().view(-1, 1), s["bboxes"].float().view(-1, 4)], 1)
+        for i, s in enumerate(samples)
+    ]
+    return {
+        "img": img,
+        "targets": torch.cat(targets, 0) if targets else torch.zeros((0, 6)),
+        "im_files": [s["im_file"] for s in samples],
+        "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
+        "ratio_pad": [s["ratio_pad"] for s in samples],
+    }
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed numpy and random in each loader worker from torch's per-worker seed; keep OpenCV single-threaded."""
+    import cv2
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    cv2.setNumThreads(0)
+
+
+class YOLODataLoader(DataLoader):
+    """A DataLoader with ``set_epoch`` (DDP shuffling) and ``close_mosaic`` (reaches persistent workers)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to a DistributedSampler so each epoch shuffles differently."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def close_mosaic(self) -> None:
+        """Switch off mosaic/mixup/affine; the next ``iter(loader)`` starts fresh workers that see it."""
+        self.dataset.close_mosaic()
+        self.reset_workers()
+
+    def reset_workers(self) -> None:
+        """Shut down persistent workers so the next iteration forks new ones from the current dataset."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+
+def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank: int = -1, seed: int = 0,
+                     pin_memory: bool | None = None) -> YOLODataLoader:
+    """A seeded loader over ``dataset``; DistributedSampler when ``rank != -1``; pinned memory on CUDA only."""
+    if shuffle and getattr(dataset, "rect", False):
+        LOGGER.warning("rectangular batches cannot be shuffled: shuffle=False")
+        shuffle = False
+    if getattr(dataset, "rect", False) and getattr(dataset, "batch_size", batch_size) != batch_size:
+        LOGGER.warning(f"dataset planned rectangular batches of {dataset.batch_size} but the loader uses {batch_size}")
+    workers = max(0, min(int(workers), os.cpu_count() or 1))
+    sampler = DistributedSampler(dataset, rank=rank, shuffle=shuffle, seed=seed) if rank != -1 else None
+    generator = torch.Generator()
+    generator.manual_seed(seed + 100003 * (max(rank, 0) + 1))
+    return YOLODataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle and sampler is None,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        collate_fn=collate_fn,
+        worker_init_fn=seed_worker,
+        generator=generator,
+        persistent_workers=workers > 0,
+    )
+
+
+def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None) -> YOLODataset:
+    """A YOLODataset from settings (``args`` has the keys of cfg/default.yaml).
+
+    ``mode='train'`` augments (and uses ``args.rect``, ``args.fraction``); ``'val'`` letterboxes
+    rectangular batches, with all images.
+    """
+    if mode not in ("train", "val"):
+        raise ValueError(f"mode={mode!r} must be 'train' or 'val'")
+    train = mode == "train"
+    return YOLODataset(
+        img_path,
+        imgsz=args.imgsz,
+        names=names,
+        augment=train,
+        hyp=args,
+        rect=bool(args.rect) if train else True,
+        batch_size=batch or args.batch,
+        stride=stride,
+        cache=args.cache,
+        fraction=float(args.fraction) if train else 1.0,
+        prefix=f"{mode}: ",
+    )

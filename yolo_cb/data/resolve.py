@@ -1,0 +1,160 @@
+"""Dataset YAML resolution: find the YAML, the dataset root and its splits; download or generate when absent.
+
+A dataset YAML (Ultralytics-compatible)::
+
+    path: coco8                # dataset root: absolute, or relative (next to the YAML, then datasets_dir)
+    train: images/train        # folder(s) or .txt list(s), relative to path
+    val: images/val
+    test:                      # optional
+    names: {0: person, ...}    # or a list
+    download: https://.../coco8.zip   # optional: archive fetched when the images are missing
+    generate: {kind: shapes, seed: 0, train: 320, val: 100}  # optional: synthetic data made when missing
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+LOGGER = logging.getLogger("yolo_cb")
+
+SPLIT_KEYS = ("train", "val", "test")
+
+
+class DatasetConfigError(ValueError):
+    """A dataset YAML that is missing a key or has a value of the wrong kind."""
+
+
+def resolve_datasets_dir(datasets_dir: str | os.PathLike | None = None) -> Path:
+    """``datasets_dir`` if given, else ``$YOLO_CB_DATASETS``, else ``./datasets`` in the working directory."""
+    chosen = datasets_dir or os.environ.get("YOLO_CB_DATASETS") or Path.cwd() / "datasets"
+    return Path(chosen).expanduser().resolve()
+
+
+def parse_names(raw, yaml_file: Path) -> dict[int, str]:
+    """``names`` as a list or a {id: name} dict -> {0: name, 1: name, ...} (ids must be 0..nc-1)."""
+    if isinstance(raw, (list, tuple)):
+        names = {i: str(n) for i, n in enumerate(raw)}
+    elif isinstance(raw, dict):
+        try:
+            names = {int(k): str(v) for k, v in raw.items()}
+        except (TypeError, ValueError):
+            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids, got {list(raw)[:5]}") from None
+    else:
+        raise DatasetConfigError(f"{yaml_file}: 'names' must be a list or an {{id: name}} mapping, got {type(raw).__name__}")
+    if not names:
+        raise DatasetConfigError(f"{yaml_file}: 'names' is empty; list the class names")
+    if sorted(names) != list(range(len(names))):
+        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}")
+    return dict(sorted(names.items()))
+
+
+def _split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | None:
+    if value is None or value == "":
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, (str, os.PathLike)) for v in items):
+        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {value!r}")
+    return [str(p if (p := Path(v).expanduser()).is_absolute() else (root / p).resolve()) for v in items]
+
+
+def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
+    """The train/val paths that do not exist under ``root``."""
+    out = []
+    for key in ("train", "val"):
+        out += [p for p in _split_paths(cfg.get(key), root, key, yaml_file) or [] if not Path(p).exists()]
+    return out
+
+
+def _generate(spec, target: Path, yaml_file: Path) -> None:
+    from yolo_cb.data.synthetic import generate_shapes
+
+    spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
+    kind = spec.pop("kind", "shapes")
+    if kind != "shapes":
+        raise DatasetConfigError(f"{yaml_file}: 'generate' kind '{kind}' is unknown (known: shapes)")
+    n_train, n_val = int(spec.pop("train", 320)), int(spec.pop("val", 100))
+    LOGGER.info(f"{yaml_file.name}: generating the synthetic shapes dataset in {target}")
+    generate_shapes(target, n_train=n_train, n_val=n_val, **spec)
+
+
+def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict:
+    """Resolve a dataset YAML (path or bundled name) into absolute split paths, names and nc.
+
+    Returns ``yaml_file``, ``path`` (root), ``train``/``val``/``test`` (lists of absolute paths or
+    None), ``names`` ({id: name}), ``nc``, and ``category_ids`` when the YAML has one. Downloads
+    (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
+    listing every place looked.
+    """
+    import yaml
+
+    from yolo_cb.paths import find_dataset_cfg
+
+    yaml_file = find_dataset_cfg(str(data)).resolve()
+    try:
+        cfg = yaml.safe_load(yaml_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise DatasetConfigError(f"{yaml_file}: not valid YAML ({e})") from None
+    if not isinstance(cfg, dict):
+        raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
+    for key in ("train", "val", "names"):
+        if cfg.get(key) in (None, "", [], {}):
+            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty")
+    names = parse_names(cfg["names"], yaml_file)
+    if cfg.get("nc") is not None and int(cfg["nc"]) != len(names):
+        raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
+
+    ddir = resolve_datasets_dir(datasets_dir)
+    raw_path = cfg.get("path")
+    yaml_dir = yaml_file.parent
+    if raw_path in (None, ""):
+        places = [(yaml_dir, "the YAML's folder (no 'path:' key)")]
+    elif Path(str(raw_path)).expanduser().is_absolute():
+        places = [(Path(str(raw_path)).expanduser(), "'path:' in the YAML")]
+    else:
+        places = [(yaml_dir / str(raw_path), "next to the YAML"), (ddir / str(raw_path), "under datasets_dir")]
+    places = [(p.resolve(), why) for p, why in places]
+    root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
+
+    failure = ""
+    if root is None:
+        target = places[-1][0]
+        downloads = cfg.get("download")
+        downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
+        if downloads:
+            from yolo_cb.data.download import download_dataset, is_url
+
+            for url in downloads:
+                if not is_url(url):
+                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {url!r}")
+                try:
+                    download_dataset(url, target.parent)
+                except (OSError, ValueError) as e:
+                    failure = f"\nThe download from {url} failed: {e}"
+                    break
+        elif cfg.get("generate"):
+            _generate(cfg["generate"], target, yaml_file)
+        if not failure and not _missing(cfg, target, yaml_file):
+            root = target
+        elif not failure and (downloads or cfg.get("generate")):
+            failure = f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: {_missing(cfg, target, yaml_file)}"
+    if root is None:
+        looked = "\n".join(f"  {p}  ({why})" for p, why in places)
+        wanted = ", ".join(f"{k}: {cfg[k]}" for k in ("train", "val"))
+        raise FileNotFoundError(
+            f"{yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
+            f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
+            f"or set 'path:' in {yaml_file.name} to the dataset root."
+        )
+
+    out = {"yaml_file": str(yaml_file), "path": str(root)}
+    for key in SPLIT_KEYS:
+        out[key] = _split_paths(cfg.get(key), root, key, yaml_file)
+    out["names"], out["nc"] = names, len(names)
+    if cfg.get("category_ids") is not None:
+        ids = cfg["category_ids"]
+        if not isinstance(ids, (list, tuple)) or len(ids) != len(names):
+            raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
+        out["category_ids"] = [int(i) for i in ids]
+    return out

@@ -1,0 +1,273 @@
+"""Image and label checks, run once per split in threads, with a JSON label cache.
+
+What is checked (a bad image or label never stops a run; it is skipped or fixed, and named):
+
+- images: unreadable, empty, zero-size, truncated (a JPEG must end with the FF D9 marker),
+  unsupported suffix; sizes are read *after* EXIF rotation, as ``cv2.imread`` returns them;
+- label files (``class cx cy w h`` per line, normalised): a line with the wrong number of
+  columns, a non-number, or a class id that is not an integer in ``[0, nc)`` makes the whole
+  label untrustworthy, so the image is skipped;
+- boxes whose corners leave ``[0, 1]`` by at most ``COORD_TOLERANCE`` (1% of the image) are
+  clipped; boxes further out, or with no area, are dropped; duplicate rows are removed.
+
+A missing or empty label file means a background image. Results are cached in
+``<labels folder>.yolo_cb.cache`` beside the labels folder (JSON), keyed by a hash of the
+image/label paths, sizes and mtimes; a stale, corrupt or foreign cache is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+LOGGER = logging.getLogger("yolo_cb")
+
+IMG_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp"}
+# image types a folder may hold that OpenCV cannot read: listed so the user hears about them
+UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".mpo", ".pfm"}
+COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
+ROUNDING = 1e-4  # excursions this small come from rounded coordinates: clipped without a note
+CACHE_VERSION = 1
+CACHE_SUFFIX = ".yolo_cb.cache"
+MAX_LISTED = 10  # problems named in full in the warning; the rest are counted
+
+_unwritable_warned: set[str] = set()
+
+
+def img2label_path(im_file: str) -> str:
+    """The label file of an image: the last ``images`` folder becomes ``labels``, suffix ``.txt``."""
+    p = Path(im_file)
+    parts = list(p.parent.parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "images":
+            parts[i] = "labels"
+            break
+    return str(Path(*parts, p.stem + ".txt")) if parts else p.stem + ".txt"
+
+
+def list_image_files(img_path, prefix: str = "") -> list[str]:
+    """Image files from a folder, a .txt list (one path a line, relative to the list), or a list of those."""
+    files: list[str] = []
+    for entry in [img_path] if isinstance(img_path, (str, Path)) else img_path:
+        p = Path(entry).expanduser()
+        if p.is_dir():
+            suffixes = IMG_SUFFIXES | UNSUPPORTED_IMG_SUFFIXES
+            files += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in suffixes and f.is_file())
+        elif p.is_file() and p.suffix.lower() == ".txt":
+            for line in p.read_text(encoding="utf-8").splitlines():
+                line = line.strip()
+                if line:
+                    f = Path(line).expanduser()
+                    files.append(str(f if f.is_absolute() else (p.parent / f).resolve()))
+        elif p.is_file():
+            files.append(str(p))
+        else:
+            raise FileNotFoundError(f"{prefix}image path '{p}' does not exist (expected a folder, a .txt list or an image)")
+    return files
+
+
+def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
+    """``((h, w), None)`` for a usable image (size after EXIF rotation), else ``(None, reason)``."""
+    path = Path(im_file)
+    if path.suffix.lower() not in IMG_SUFFIXES:
+        return None, f"unsupported image suffix '{path.suffix}' (supported: {' '.join(sorted(IMG_SUFFIXES))})"
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        return None, f"unreadable image ({e.strerror or e})"
+    if size == 0:
+        return None, "empty image file (0 bytes)"
+    try:
+        from PIL import Image
+    except ImportError:  # pillow normally comes with torchvision; decode fully instead
+        return _verify_image_cv2(path)
+    try:
+        with Image.open(path) as im:
+            im.verify()  # structure and checksums, without decoding
+        with Image.open(path) as im:
+            w, h = im.size
+            fmt = (im.format or "").lower()
+            orientation = im.getexif().get(0x0112, 1)
+    except Exception as e:  # PIL raises many types for bad files
+        return None, f"unreadable or corrupt image ({type(e).__name__}: {e})"
+    if fmt in ("jpeg", "mpo"):
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            if f.read(2) != b"\xff\xd9":
+                return None, "truncated JPEG (no end-of-image marker FF D9)"
+    if orientation in (5, 6, 7, 8):  # rotated by 90 degrees: OpenCV returns it transposed
+        w, h = h, w
+    if w < 1 or h < 1:
+        return None, f"zero-size image ({w}x{h})"
+    return (h, w), None
+
+
+def _verify_image_cv2(path: Path):
+    import cv2
+
+    img = cv2.imread(str(path))
+    if img is None or img.size == 0:
+        return None, "unreadable or corrupt image (OpenCV could not decode it)"
+    return img.shape[:2], None
+
+
+def verify_label(lb_file: str, nc: int) -> dict:
+    """Parse one label file. Returns ``labels`` ((n, 5) rows), ``notes``, ``missing`` and ``corrupt`` (reason or None)."""
+    out = {"labels": np.zeros((0, 5), np.float32), "notes": [], "missing": False, "corrupt": None}
+    try:
+        text = Path(lb_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        out["missing"] = True
+        return out
+    except (OSError, UnicodeDecodeError) as e:
+        out["corrupt"] = f"unreadable label file {lb_file} ({e})"
+        return out
+    rows, dropped, clipped = [], 0, 0
+    for lineno, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 5:
+            out["corrupt"] = f"label line {lineno} has {len(parts)} columns, expected 5 (class cx cy w h)"
+            return out
+        try:
+            c, cx, cy, w, h = (float(v) for v in parts)
+        except ValueError:
+            out["corrupt"] = f"label line {lineno} has a non-number: '{line.strip()}'"
+            return out
+        if not np.isfinite([c, cx, cy, w, h]).all():
+            out["corrupt"] = f"label line {lineno} has a non-finite value: '{line.strip()}'"
+            return out
+        if c != int(c) or not 0 <= c < nc:
+            out["corrupt"] = f"label line {lineno}: class id {parts[0]} is not an integer in [0, {nc}) (nc={nc})"
+            return out
+        x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+        if w <= 0 or h <= 0 or min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
+            dropped += 1
+            continue
+        if min(x1, y1) < 0 or max(x2, y2) > 1:
+            clipped += min(x1, y1) < -ROUNDING or max(x2, y2) > 1 + ROUNDING  # rounding in the file is not worth a note
+            x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
+            if x2 - x1 <= 0 or y2 - y1 <= 0:
+                dropped += 1
+                continue
+        rows.append((c, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1))
+    if dropped:
+        out["notes"].append(f"{dropped} box(es) outside the image by more than {COORD_TOLERANCE:.0%} or without area dropped")
+    if clipped:
+        out["notes"].append(f"{clipped} box(es) slightly outside the image clipped")
+    labels = np.array(rows, dtype=np.float32).reshape(-1, 5)
+    _, first = np.unique(labels, axis=0, return_index=True)
+    if len(first) < len(labels):
+        out["notes"].append(f"{len(labels) - len(first)} duplicate row(s) removed")
+        labels = labels[np.sort(first)]
+    out["labels"] = labels
+    return out
+
+
+def verify_pair(im_file: str, lb_file: str, nc: int) -> dict:
+    """One cache entry: the image's shape and boxes, or why it is skipped."""
+    shape, reason = verify_image(im_file)
+    entry = {"im_file": im_file, "shape": list(shape) if shape else None, "labels": [], "missing": False, "notes": [], "corrupt": reason}
+    if reason is None:
+        lab = verify_label(lb_file, nc)
+        entry.update(labels=lab["labels"].tolist(), missing=lab["missing"], notes=lab["notes"], corrupt=lab["corrupt"])
+    return entry
+
+
+def files_hash(im_files: list[str], lb_files: list[str], nc: int) -> str:
+    """Hash of the image/label paths, sizes and mtimes (and nc): changes when any of them changes."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}".encode())
+    for f in (*im_files, *lb_files):
+        try:
+            st = os.stat(f)
+            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{f}\0missing\n".encode())
+    return h.hexdigest()
+
+
+def cache_path_for(lb_files: list[str]) -> Path:
+    """``labels/train`` -> ``labels/train.yolo_cb.cache`` (beside the first label folder)."""
+    folder = Path(lb_files[0]).parent
+    return folder.parent / (folder.name + CACHE_SUFFIX)
+
+
+def read_cache(path: Path, expected_hash: str) -> list[dict] | None:
+    """The cached entries, or None when the cache is missing, corrupt, foreign or stale."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("hash") != expected_hash:
+        return None
+    entries = data.get("entries")
+    return entries if isinstance(entries, list) else None
+
+
+def write_cache(path: Path, file_hash: str, entries: list[dict]) -> None:
+    """Write the cache atomically; an unwritable folder is warned about once and skipped."""
+    from yolo_cb.utils.files import atomic_write_text
+
+    try:
+        atomic_write_text(path, json.dumps({"version": CACHE_VERSION, "hash": file_hash, "entries": entries}))
+    except OSError as e:
+        if str(path.parent) not in _unwritable_warned:
+            _unwritable_warned.add(str(path.parent))
+            LOGGER.warning(f"label cache not saved: {path.parent} is not writable ({e.strerror or e})")
+
+
+def verify_all(im_files: list[str], lb_files: list[str], nc: int, prefix: str = "", workers: int | None = None) -> list[dict]:
+    """Verify every image/label pair in threads, with a progress bar."""
+    from tqdm import tqdm
+
+    workers = workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = pool.map(verify_pair, im_files, lb_files, [nc] * len(im_files))
+        return list(tqdm(results, total=len(im_files), desc=f"{prefix}checking images and labels", leave=False))
+
+
+def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True) -> tuple[list[dict], dict]:
+    """Verified label records for ``im_files`` (cached), and a report.
+
+    Records: ``im_file``, ``shape`` (h, w), ``cls`` (n,) int64, ``bboxes`` (n, 4) float32 normalised
+    ``cx cy w h``. The report has the counts, ``from_cache`` and ``cache_file``. Logs one summary
+    line and one warning naming each skipped or fixed file.
+    """
+    lb_files = [img2label_path(f) for f in im_files]
+    path = cache_path_for(lb_files) if lb_files else None
+    file_hash = files_hash(im_files, lb_files, nc)
+    entries = read_cache(path, file_hash) if (cache and path) else None
+    from_cache = entries is not None
+    if entries is None:
+        entries = verify_all(im_files, lb_files, nc, prefix)
+        if cache and path:
+            write_cache(path, file_hash, entries)
+    records, problems = [], []
+    n_boxes = n_background = n_corrupt = 0
+    for e, lb in zip(entries, lb_files):
+        if e["corrupt"]:
+            n_corrupt += 1
+            problems.append(f"{e['im_file']}: skipped, {e['corrupt']}")
+            continue
+        if e["notes"]:
+            problems.append(f"{lb}: fixed, {'; '.join(e['notes'])}")
+        labels = np.array(e["labels"], dtype=np.float32).reshape(-1, 5)
+        n_boxes += len(labels)
+        n_background += len(labels) == 0
+        records.append({"im_file": e["im_file"], "shape": tuple(e["shape"]), "cls": labels[:, 0].astype(np.int64), "bboxes": labels[:, 1:]})
+    report = {"images": len(records), "boxes": n_boxes, "backgrounds": n_background, "corrupt": n_corrupt,
+              "fixed": len(problems) - n_corrupt, "from_cache": from_cache, "cache_file": str(path) if path else None}
+    source = " (from cache)" if from_cache else ""
+    LOGGER.info(f"{prefix}{len(records)} images, {n_boxes} boxes, {n_background} backgrounds, {n_corrupt} corrupt{source}")
+    if problems:
+        listed = "\n".join(f"  {p}" for p in problems[:MAX_LISTED])
+        more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        LOGGER.warning(f"{prefix}{n_corrupt} image(s) skipped, {len(problems) - n_corrupt} label file(s) fixed:\n{listed}{more}")
+    return records, report

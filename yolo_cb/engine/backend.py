@@ -1,0 +1,248 @@
+"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file or a TorchScript file.
+
+    backend = load_backend("best.onnx")          # or "best.pt", "best.torchscript", an nn.Module
+    preds = backend(x)                           # x: float (B, 3, H, W) RGB in [0, 1] -> (B, A, 5 + nc)
+
+Every backend returns the same raw layout as an eval-mode YOLOX: per anchor cx, cy, w, h in input pixels,
+then the sigmoided objectness and class scores. NMS is left to `yolo_cb.nn.postprocess.postprocess`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolo_cb.utils.log import LOGGER
+
+TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
+DEFAULT_STRIDE = 32
+
+
+def select_device(device: Any = "cpu") -> torch.device:
+    """'cpu' | '' | None | 0 | '0' | '0,1' | 'cuda:0' | torch.device -> a torch.device (first listed GPU)."""
+    if isinstance(device, torch.device):
+        return device
+    text = "" if device is None else str(device).strip().lower()
+    if text in ("", "auto"):
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if text == "cpu" or text == "mps":
+        return torch.device(text)
+    text = text.replace("cuda:", "").split(",")[0]
+    if text.isdigit():
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} requested but CUDA is not available; use device=cpu")
+        return torch.device(f"cuda:{int(text)}")
+    return torch.device(text)
+
+
+def parse_names(value: Any) -> dict[int, str]:
+    """Class names from a dict, a list, or their JSON / Python-literal string form -> {int: str}."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = ast.literal_eval(value)
+    if isinstance(value, (list, tuple)):
+        value = dict(enumerate(value))
+    return {int(k): str(v) for k, v in (value or {}).items()}
+
+
+def parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
+    """ONNX / TorchScript metadata strings -> typed values (names dict, imgsz list, stride int, batch int|None)."""
+    meta: dict[str, Any] = dict(raw)
+    if "names" in meta:
+        meta["names"] = parse_names(meta["names"])
+    for key in ("imgsz", "stride", "batch", "dynamic", "half"):
+        if key in meta and isinstance(meta[key], str):
+            try:
+                meta[key] = json.loads(meta[key])
+            except json.JSONDecodeError:
+                try:
+                    meta[key] = ast.literal_eval(meta[key])
+                except (ValueError, SyntaxError):
+                    pass
+    return meta
+
+
+def max_stride(model: Any) -> int:
+    """The largest stride of a model (`.stride` may be an int, a sequence or a tensor); 32 when unknown."""
+    stride = getattr(model, "stride", None)
+    if stride is None:
+        return DEFAULT_STRIDE
+    if isinstance(stride, torch.Tensor):
+        return int(stride.max())
+    if isinstance(stride, (list, tuple)):
+        return int(max(stride)) if stride else DEFAULT_STRIDE
+    return int(stride)
+
+
+class Backend:
+    """Runs a detector of any supported kind on float BCHW tensors; see the module docstring."""
+
+    kind: str = "pytorch"
+
+    def __init__(self, *, names: dict[int, str], stride: int = DEFAULT_STRIDE, imgsz: tuple[int, int] | None = None,
+                 batch: int | None = None, device: torch.device = torch.device("cpu"), fp16: bool = False,
+                 metadata: dict[str, Any] | None = None, path: str | None = None):
+        self.names = names
+        self.nc = len(names)
+        self.stride = int(stride)
+        self.imgsz = tuple(int(v) for v in imgsz) if imgsz else None
+        self.batch = int(batch) if batch else None
+        self.device = device
+        self.fp16 = fp16
+        self.metadata = metadata or {}
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 3:
+            x = x.unsqueeze(0)
+        if self.imgsz is not None and tuple(x.shape[2:]) != self.imgsz:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed image size {self.imgsz} (h, w), "
+                             f"got input {tuple(x.shape[2:])}; letterbox to {self.imgsz} or re-export with dynamic=True")
+        if self.batch is not None and x.shape[0] != self.batch:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
+                             f"re-export with dynamic=True or batch={x.shape[0]}")
+        return self.forward(x)
+
+    def warmup(self, imgsz: tuple[int, int] | int | None = None) -> None:
+        """One dummy forward pass (first-call allocations, cuDNN autotune, ORT graph init)."""
+        size = self.imgsz or ((imgsz, imgsz) if isinstance(imgsz, int) else imgsz) or (64, 64)
+        self(torch.zeros(self.batch or 1, 3, *size, device=self.device))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind}, nc={self.nc}, imgsz={self.imgsz}, batch={self.batch}, device={self.device})"
+
+
+class PyTorchBackend(Backend):
+    kind = "pytorch"
+
+    def __init__(self, model: nn.Module, *, owned: bool, device: torch.device, fp16: bool, path: str | None = None):
+        """`owned`: the backend built this model (it may fuse, move and cast it); a caller's module is left as it is."""
+        names = parse_names(getattr(model, "names", None) or {i: str(i) for i in range(int(getattr(model, "nc", 0)))})
+        stride = max_stride(model)
+        if owned:
+            model = model.to(device).eval()
+            if hasattr(model, "fuse"):
+                model = model.fuse() or model
+            if fp16:
+                model = model.half()
+        else:
+            param = next(model.parameters(), None)
+            device = param.device if param is not None else device
+        super().__init__(names=names, stride=stride, device=device, fp16=fp16, path=path)
+        self.model = model
+        self.owned = owned
+        self.dtype = next(model.parameters()).dtype if next(model.parameters(), None) is not None else torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device)
+        if self.owned or not self.fp16 or self.device.type != "cuda":
+            y = self.model(x.to(self.dtype))
+        else:  # a caller's fp32 module in fp16: autocast instead of casting their weights
+            with torch.autocast("cuda", dtype=torch.float16):
+                y = self.model(x)
+        if isinstance(y, (list, tuple)):
+            y = y[0]
+        return y.float()
+
+
+class ONNXBackend(Backend):
+    kind = "onnx"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool):
+        try:
+            import onnxruntime as ort
+        except ImportError as error:  # pragma: no cover - a core dependency
+            raise ImportError("running .onnx models needs onnxruntime: pip install onnxruntime (or onnxruntime-gpu)") from error
+        providers = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+        elif device.type == "cuda":
+            LOGGER.warning(f"onnxruntime has no CUDAExecutionProvider; running {path} on CPU")
+            device = torch.device("cpu")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map)
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_dtype = "float16" if "float16" in inp.type else "float32"
+        shape = list(inp.shape)
+        static = len(shape) == 4 and all(isinstance(v, int) and v > 0 for v in shape[2:])
+        imgsz = tuple(shape[2:]) if static else None
+        batch = shape[0] if shape and isinstance(shape[0], int) and shape[0] > 0 else None
+        names = meta.get("names")
+        if not names:
+            nc = self.session.get_outputs()[0].shape[-1]
+            nc = nc - 5 if isinstance(nc, int) else 0
+            LOGGER.warning(f"{path} has no 'names' metadata; using class ids as names")
+            names = {i: str(i) for i in range(nc)}
+        super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
+                         device=device, fp16=self.input_dtype == "float16", metadata=meta, path=str(path))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        array = x.detach().cpu().numpy().astype(self.input_dtype, copy=False)
+        y = self.session.run(self.output_names[:1], {self.input_name: array})[0]
+        return torch.from_numpy(y).float().to(self.device)
+
+
+class TorchScriptBackend(Backend):
+    kind = "torchscript"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool):
+        extra = {TORCHSCRIPT_META: ""}
+        self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+        meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
+        dynamic = bool(meta.get("dynamic", False))
+        imgsz = meta.get("imgsz") if not dynamic else None
+        batch = meta.get("batch") if not dynamic else None
+        param = next(self.model.parameters(), None)
+        self.dtype = param.dtype if param is not None else torch.float32
+        names = meta.get("names") or {}
+        super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
+                         device=device, fp16=self.dtype == torch.float16, metadata=meta, path=str(path))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.model(x.to(self.device, self.dtype))
+        if isinstance(y, (list, tuple)):
+            y = y[0]
+        return y.float()
+
+
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False) -> Backend:
+    """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file or a `.torchscript` file.
+
+    fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
+    """
+    dev = select_device(device)
+    if fp16 and dev.type != "cuda":
+        LOGGER.warning("fp16 inference needs CUDA; running in fp32 on %s", dev)
+        fp16 = False
+    if isinstance(weights, Backend):
+        return weights
+    if isinstance(weights, nn.Module):
+        return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
+    path = Path(str(weights))
+    if not path.is_file():
+        raise FileNotFoundError(f"model weights '{weights}' not found")
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return ONNXBackend(str(path), device=dev, fp16=fp16)
+    if suffix in (".torchscript", ".ts", ".jit"):
+        return TorchScriptBackend(str(path), device=dev, fp16=fp16)
+    if suffix in (".pt", ".pth"):
+        from yolo_cb.utils.checkpoint import model_from_checkpoint
+
+        return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
+    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx or .torchscript")

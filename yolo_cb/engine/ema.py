@@ -1,0 +1,38 @@
+"""Exponential moving average of model weights, with the usual ramp for early updates."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model under a DDP/DataParallel wrapper."""
+    return model.module if hasattr(model, "module") else model
+
+
+class ModelEMA:
+    """ema = d * ema + (1 - d) * model, with d = decay * (1 - exp(-updates / tau)) (small early, so EMA tracks)."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
+        self.ema = copy.deepcopy(unwrap(model)).eval()
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+        self.decay, self.tau, self.updates = decay, tau, updates
+
+    def current_decay(self) -> float:
+        return self.decay * (1 - math.exp(-self.updates / self.tau))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        d = self.current_decay()
+        model_state = unwrap(model).state_dict()
+        for name, value in self.ema.state_dict().items():
+            if value.dtype.is_floating_point:
+                value.mul_(d).add_(model_state[name].detach(), alpha=1 - d)
+            else:
+                value.copy_(model_state[name])

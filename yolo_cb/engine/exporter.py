@@ -1,0 +1,374 @@
+"""Export a YOLOX model to ONNX or TorchScript, then verify the written file against PyTorch on a real image.
+
+    Exporter({"format": "onnx", "imgsz": 320})("runs/train/exp/weights/best.pt")   # -> ".../best.onnx"
+
+The exported graph takes `images` (B, 3, H, W) float RGB in [0, 1] and returns `output0` (B, A, 5 + nc):
+cx, cy, w, h in input pixels, then sigmoided objectness and class scores (see docs/export.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from yolo_cb.callbacks import Callbacks
+from yolo_cb.config import Config, get_config
+from yolo_cb.engine.backend import TORCHSCRIPT_META, max_stride
+from yolo_cb.utils.log import LOGGER
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+EXPORT_DEFAULTS = {"mode": "export", "batch": 1}  # an export is for batch 1 unless batch= is given explicitly
+
+
+class ExportError(RuntimeError):
+    """Export failed, or the exported file disagrees with PyTorch beyond export_tol."""
+
+
+def _version() -> str:
+    try:
+        from yolo_cb import __version__
+
+        return str(__version__)
+    except ImportError:
+        return "0"
+
+
+class ExportWrapper(nn.Module):
+    """The eval graph that is exported: raw head outputs decoded in-graph.
+
+    Static shapes: the model's own decode (cell grids become constants). Dynamic shapes: grids are built in-graph from
+    each feature map's size with cumsum over ones (no Range / python ints), so one file serves any batch and size.
+    """
+
+    def __init__(self, model: nn.Module, dynamic: bool = False):
+        super().__init__()
+        self.model = model
+        self.dynamic = dynamic
+        self.strides = tuple(int(s) for s in model.stride.tolist()) if isinstance(model.stride, torch.Tensor) else tuple(model.stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.dynamic:
+            return self.model(x)
+        raw = self.model.raw_outputs(x)
+        outs = []
+        for o, stride in zip(raw, self.strides):
+            ones = torch.ones_like(o[0, 0])  # (H, W)
+            gx = ones.cumsum(1) - 1  # column index per cell
+            gy = ones.cumsum(0) - 1  # row index per cell
+            grid = torch.stack((gx, gy), dim=-1).reshape(1, -1, 2)  # (1, H*W, 2), row-major
+            p = o.flatten(2).transpose(1, 2)  # (B, H*W, 5 + nc)
+            xy = (p[..., :2] + grid) * stride
+            wh = torch.exp(p[..., 2:4]) * stride
+            outs.append(torch.cat((xy, wh, torch.sigmoid(p[..., 4:])), dim=-1))
+        return torch.cat(outs, dim=1)
+
+
+def export_onnx(model: nn.Module, file: str | Path, imgsz: tuple[int, int], opset: int = 17, dynamic: bool = False,
+                simplify: bool = True, batch: int = 1, metadata: dict[str, Any] | None = None) -> Path:
+    """Export an eval-mode (fused) YOLOX to `file` with torch.onnx (TorchScript-based exporter), simplify, add metadata."""
+    import onnx
+
+    file = Path(file)
+    param = next(model.parameters())
+    im = torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
+    wrapper = ExportWrapper(model, dynamic=dynamic).eval()
+    dynamic_axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}} if dynamic else None
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TracerWarnings about constant grids are expected for static exports
+        raw_file = Path(tmp) / "raw.onnx"
+        torch.onnx.export(wrapper, im, str(raw_file), opset_version=int(opset), input_names=["images"], output_names=["output0"],
+                          dynamic_axes=dynamic_axes, do_constant_folding=True, dynamo=False)
+        proto = onnx.load(str(raw_file))
+    onnx.checker.check_model(proto)
+    if simplify:
+        try:
+            import onnxslim
+
+            proto = onnxslim.slim(proto)
+        except Exception as error:  # a failed simplification keeps the plain (valid) graph
+            LOGGER.warning(f"onnxslim simplification failed, keeping the unsimplified graph: {error}")
+    del proto.metadata_props[:]
+    for key, value in (metadata or {}).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = str(key), value if isinstance(value, str) else json.dumps(value)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(proto, str(file))
+    return file
+
+
+def export_torchscript(model: nn.Module, file: str | Path, imgsz: tuple[int, int], dynamic: bool = False, batch: int = 1,
+                       metadata: dict[str, Any] | None = None) -> Path:
+    """torch.jit.trace the eval graph; metadata JSON goes into the archive's extra file config.txt."""
+    file = Path(file)
+    param = next(model.parameters())
+    im = torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(ExportWrapper(model, dynamic=dynamic).eval(), im, strict=False, check_trace=False)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    traced.save(str(file), _extra_files={TORCHSCRIPT_META: json.dumps(metadata or {})})
+    return file
+
+
+def compare(output: Any, reference: Any) -> dict[str, float]:
+    """max_abs and max_rel (|a - b| / max(|b|, 1e-3)) differences of two arrays/tensors of the same shape."""
+    a = np.asarray(output.detach().cpu().float() if isinstance(output, torch.Tensor) else output, dtype=np.float64)
+    b = np.asarray(reference.detach().cpu().float() if isinstance(reference, torch.Tensor) else reference, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ExportError(f"exported output shape {a.shape} differs from PyTorch's {b.shape}")
+    diff = np.abs(a - b)
+    return {"max_abs": float(diff.max(initial=0.0)), "max_rel": float((diff / np.maximum(np.abs(b), 1e-3)).max(initial=0.0))}
+
+
+@torch.no_grad()
+def torch_reference(model: nn.Module, image: torch.Tensor) -> torch.Tensor:
+    """The PyTorch output for `image` (eval mode; a module in train mode is evaluated on an eval copy)."""
+    if model.training:
+        model = copy.deepcopy(model).eval()
+    param = next(model.parameters())
+    y = model(image.to(param.device, param.dtype))
+    return (y[0] if isinstance(y, (list, tuple)) else y).float().cpu()
+
+
+def verify_onnx(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
+    """Run `path` in onnxruntime (CPU) on image_tensor (B, 3, H, W) and compare with `model`: {max_abs, max_rel}."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inp = session.get_inputs()[0]
+    dtype = np.float16 if "float16" in inp.type else np.float32
+    output = session.run(None, {inp.name: image_tensor.detach().cpu().numpy().astype(dtype)})[0]
+    return compare(output, torch_reference(model, image_tensor))
+
+
+def verify_torchscript(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
+    """Run `path` with torch.jit.load and compare with `model`: {max_abs, max_rel}."""
+    param = next(model.parameters())
+    loaded = torch.jit.load(str(path), map_location=param.device).eval()
+    with torch.no_grad():
+        output = loaded(image_tensor.to(param.device, param.dtype))
+    return compare(output, torch_reference(model, image_tensor))
+
+
+def sample_image(shape: tuple[int, int] = (480, 640), seed: int = 0) -> np.ndarray:
+    """A generated, deterministic test scene (HWC BGR uint8): gradient background, texture and filled shapes.
+
+    Used when no dataset image can be found: it exercises the network like a photo does (edges, flat areas,
+    colours), unlike uniform noise.
+    """
+    import cv2
+
+    h, w = shape
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack((60 + 120 * xs / w, 90 + 100 * ys / h, 180 - 80 * (xs + ys) / (w + h)), axis=-1)
+    img += rng.normal(0, 6, size=img.shape)
+    img = np.clip(img, 0, 255).astype(np.uint8)
+    for i in range(12):
+        color = tuple(int(c) for c in rng.integers(0, 256, 3))
+        cx, cy = int(rng.integers(0, w)), int(rng.integers(0, h))
+        size = int(rng.integers(min(h, w) // 16, min(h, w) // 4))
+        if i % 3 == 0:
+            cv2.rectangle(img, (cx - size, cy - size // 2), (cx + size, cy + size // 2), color, -1)
+        elif i % 3 == 1:
+            cv2.circle(img, (cx, cy), size // 2, color, -1)
+        else:
+            pts = np.array([[cx, cy - size], [cx - size, cy + size // 2], [cx + size, cy + size // 2]], dtype=np.int32)
+            cv2.fillPoly(img, [pts], color)
+    cv2.putText(img, "yolo-cb", (w // 10, h // 2), cv2.FONT_HERSHEY_SIMPLEX, max(h, w) / 400, (255, 255, 255), 2)
+    return img
+
+
+def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
+    """The first image of a dataset YAML's val (else train) split, if the YAML and its images can be found; else None."""
+    if not data:
+        return None
+    try:
+        import yaml
+
+        from yolo_cb.paths import find_dataset_cfg
+
+        cfg_path = find_dataset_cfg(str(data))
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    except Exception:
+        return None
+    roots = []
+    base = cfg.get("path")
+    for parent in filter(None, (datasets_dir, "datasets", cfg_path.parent, Path.cwd())):
+        roots.append(Path(parent) / base if base else Path(parent))
+    if base:
+        roots.insert(0, Path(base))
+    for split in ("val", "train", "test"):
+        entries = cfg.get(split)
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not entry:
+                continue
+            for root in roots:
+                candidate = Path(entry) if Path(entry).is_absolute() else root / entry
+                if candidate.is_dir():
+                    images = sorted(p for p in candidate.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+                    if images:
+                        return images[0]
+                elif candidate.is_file() and candidate.suffix.lower() in IMAGE_SUFFIXES:
+                    return candidate
+    return None
+
+
+class Exporter:
+    """Exports a checkpoint or module to args.format (onnx | torchscript) and verifies the result; see the module docstring."""
+
+    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
+        if isinstance(args, Config):
+            self.args = args
+        else:
+            self.args = get_config({**EXPORT_DEFAULTS, **(args or {})})
+        self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.file: Path | None = None
+        self.model: nn.Module | None = None
+        self.metadata: dict[str, Any] = {}
+        self.verification: dict[str, float] = {}
+        self.image_path: str | None = None
+
+    def run_callbacks(self, event: str) -> None:
+        self.callbacks.run(event, self)
+
+    # --- steps ------------------------------------------------------------------------------
+    def _load(self, model: Any) -> tuple[nn.Module, Path | None, dict]:
+        """(fused eval copy on the export device, weights path or None, train_args)."""
+        from yolo_cb.utils.checkpoint import load_checkpoint, model_from_checkpoint
+
+        model = model if model is not None else self.args.model
+        if model is None:
+            raise ValueError("nothing to export: pass a checkpoint path or a model (model=...)")
+        weights, train_args = None, {}
+        if isinstance(model, nn.Module):
+            module = copy.deepcopy(model)
+        else:
+            weights = Path(str(model))
+            if weights.suffix.lower() not in (".pt", ".pth"):
+                raise ValueError(f"export needs a .pt checkpoint or a model, got '{model}'")
+            ckpt = load_checkpoint(weights)
+            train_args = ckpt.get("train_args") or {}
+            module = model_from_checkpoint(ckpt)
+        module = module.float().eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        if hasattr(module, "fuse"):
+            module = module.fuse() or module
+        return module, weights, train_args
+
+    def _device(self) -> torch.device:
+        if not self.args.half:
+            return torch.device("cpu")
+        from yolo_cb.engine.backend import select_device
+
+        device = select_device(self.args.device or "")
+        if device.type != "cuda":
+            raise ExportError("half=True (fp16 export) needs a CUDA device; CUDA is not available here "
+                              f"(device={self.args.device or 'auto'}). Export in fp32 (half=False) instead.")
+        return device
+
+    def _imgsz(self) -> tuple[int, int]:
+        size = self.args.imgsz
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        stride = 32
+        if h % stride or w % stride:
+            raise ValueError(f"imgsz {size} must be a multiple of the model's stride {stride}")
+        return int(h), int(w)
+
+    def _verification_image(self, train_args: dict, imgsz: tuple[int, int], batch: int) -> torch.Tensor:
+        import cv2
+
+        from yolo_cb.engine.predictor import preprocess
+
+        path = dataset_image(train_args.get("data") or self.args.data, train_args.get("datasets_dir") or self.args.datasets_dir)
+        img = cv2.imread(str(path)) if path else None
+        if img is None:
+            img, self.image_path = sample_image(), "generated test scene"
+        else:
+            self.image_path = str(path)
+        tensor, _ = preprocess(img, imgsz, auto=False)
+        images = [tensor]
+        for i in range(1, batch):  # more images for a batch > 1: flipped / different crops of the same scene
+            images.append(preprocess(cv2.flip(img, 1) if i % 2 else img[: img.shape[0] * 3 // 4], imgsz, auto=False)[0])
+        return torch.stack(images)
+
+    def _verify(self, fmt: str, file: Path, model: nn.Module, image: torch.Tensor) -> dict[str, float]:
+        fn = verify_onnx if fmt == "onnx" else verify_torchscript
+        result = fn(file, model, image)
+        tol = float(self.args.export_tol)
+        if self.args.half:  # fp16 outputs carry ~3 significant digits: tolerance scales with the output magnitude
+            limit_ok = result["max_abs"] <= tol or result["max_rel"] <= 1e-2
+        else:
+            limit_ok = result["max_abs"] <= tol
+        LOGGER.info(f"export verification ({fmt}, {tuple(image.shape)} image from {self.image_path}): max abs diff vs PyTorch "
+                    f"{result['max_abs']:.3g}, max rel {result['max_rel']:.3g} (tolerance {tol:g})")
+        if not limit_ok:
+            raise ExportError(f"exported {fmt} file {file} differs from PyTorch by max abs {result['max_abs']:.4g} "
+                              f"(max rel {result['max_rel']:.3g}) on {self.image_path}, above export_tol={tol:g}")
+        return result
+
+    # --- entry ------------------------------------------------------------------------------
+    def __call__(self, model: Any = None) -> str:
+        args = self.args
+        fmt = str(args.format).lower()
+        if fmt not in ("onnx", "torchscript"):
+            raise ValueError(f"format={args.format!r} is not supported; use onnx or torchscript")
+        device = self._device()
+        module, weights, train_args = self._load(model)
+        module = module.to(device)
+        if args.half:
+            module = module.half()
+        self.model = module
+        imgsz = self._imgsz()
+        batch = int(args.batch or 1)
+        names = {int(k): str(v) for k, v in (getattr(module, "names", None) or {i: str(i) for i in range(module.nc)}).items()}
+        self.metadata = {
+            "description": f"yolo-cb {getattr(module, 'name', 'YOLOX')} detector",
+            "author": "yolo-cb",
+            "task": "detect",
+            "version": _version(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "names": json.dumps({str(k): v for k, v in names.items()}),
+            "imgsz": json.dumps(list(imgsz)),
+            "stride": str(max_stride(module)),
+            "batch": str(batch),
+            "dynamic": json.dumps(bool(args.dynamic)),
+            "half": json.dumps(bool(args.half)),
+            "output": "(B, A, 5 + nc): cx, cy, w, h (input pixels), obj, class scores (sigmoided); A = sum over strides 8/16/32 of H/s * W/s",
+        }
+        suffix = ".onnx" if fmt == "onnx" else ".torchscript"
+        if weights is not None:
+            file = weights.with_suffix(suffix)
+        else:
+            stem = str(getattr(module, "name", "yolox")).lower() or "yolox"
+            file = Path(args.project or ".") / f"{stem}{suffix}"
+        self.file = file
+        self.run_callbacks("on_export_start")
+        LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
+                    f"half={bool(args.half)}{', opset ' + str(args.opset) if fmt == 'onnx' else ''})")
+        try:
+            if fmt == "onnx":
+                export_onnx(module, file, imgsz, opset=args.opset, dynamic=bool(args.dynamic), simplify=bool(args.simplify),
+                            batch=batch, metadata=self.metadata)
+            else:
+                export_torchscript(module, file, imgsz, dynamic=bool(args.dynamic), batch=batch, metadata=self.metadata)
+        except ExportError:
+            raise
+        except Exception as error:
+            raise ExportError(f"{fmt} export of {weights or type(module).__name__} failed: {type(error).__name__}: {error}") from error
+        image = self._verification_image(train_args, imgsz, batch).to(device)
+        self.verification = self._verify(fmt, file, module, image)
+        size_mb = file.stat().st_size / 1e6
+        LOGGER.info(f"export done: {file} ({size_mb:.1f} MB)")
+        self.run_callbacks("on_export_end")
+        return str(file)

@@ -1,0 +1,276 @@
+"""Predict: source -> letterbox -> model (any backend) -> NMS -> Results, saved as annotated images / YOLO txt.
+
+    results = Predictor({"conf": 0.3})("images/", model="best.onnx")        # list of Results
+    for r in Predictor()("video.mp4", model="best.pt", stream=True): ...   # generator, frame by frame
+
+Sources: an image path, a folder, a glob, a video file, a .txt list of paths, a numpy image (HWC BGR), or a list of these.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from yolo_cb.callbacks import Callbacks
+from yolo_cb.config import Config, get_config
+from yolo_cb.engine.backend import Backend, load_backend
+from yolo_cb.engine.results import Results
+from yolo_cb.utils.log import LOGGER
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".dng", ".pfm")
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpeg", ".mpg", ".wmv", ".webm", ".gif")
+PREDICT_CONF = 0.25  # confidence threshold when conf is empty
+
+
+def _letterbox(img: np.ndarray, new_shape=(640, 640), color=(114, 114, 114), auto=False, stride=32, scaleup=True, center=True):
+    """Fallback letterbox (same contract as yolo_cb.data.transforms.letterbox): resize keeping aspect, pad to new_shape."""
+    h, w = img.shape[:2]
+    new_h, new_w = (new_shape, new_shape) if isinstance(new_shape, int) else new_shape
+    r = min(new_h / h, new_w / w)
+    if not scaleup:
+        r = min(r, 1.0)
+    rw, rh = int(round(w * r)), int(round(h * r))
+    dw, dh = new_w - rw, new_h - rh
+    if auto:
+        dw, dh = dw % stride, dh % stride
+    if center:
+        dw, dh = dw / 2, dh / 2
+    if (w, h) != (rw, rh):
+        img = cv2.resize(img, (rw, rh), interpolation=cv2.INTER_LINEAR)
+    top, bottom = (int(round(dh - 0.1)), int(round(dh + 0.1))) if center else (0, int(dh))
+    left, right = (int(round(dw - 0.1)), int(round(dw + 0.1))) if center else (0, int(dw))
+    img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
+    return img, r, (left, top)
+
+
+def letterbox(img: np.ndarray, new_shape=(640, 640), **kwargs):
+    """yolo_cb.data.transforms.letterbox when available, else the local fallback; -> (img, ratio, (pad_w, pad_h))."""
+    try:
+        from yolo_cb.data.transforms import letterbox as data_letterbox
+    except ImportError:
+        data_letterbox = _letterbox
+    return data_letterbox(img, new_shape=new_shape, **kwargs)
+
+
+def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False, stride: int = 32) -> tuple[torch.Tensor, tuple]:
+    """HWC BGR uint8 -> letterboxed CHW RGB float tensor in [0, 1], and ratio_pad = (ratio, (pad_w, pad_h))."""
+    shape = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
+    if img.ndim == 2:
+        img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    elif img.shape[2] == 4:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2BGR)
+    boxed, ratio, pad = letterbox(img, new_shape=shape, auto=auto, stride=stride)
+    tensor = torch.from_numpy(np.ascontiguousarray(boxed[..., ::-1].transpose(2, 0, 1))).float().div_(255.0)
+    return tensor, (ratio, tuple(pad))
+
+
+# --- sources ----------------------------------------------------------------------------------
+def _expand(source: Any) -> list[Any]:
+    """Flatten a source into a list of image/video paths and numpy images (folders, globs, .txt lists expanded)."""
+    if isinstance(source, np.ndarray):
+        return [source]
+    if isinstance(source, (list, tuple)):
+        return [item for s in source for item in _expand(s)]
+    text = str(source)
+    path = Path(text).expanduser()
+    if any(ch in text for ch in "*?[") and not path.exists():
+        matches = sorted(glob.glob(text, recursive=True))
+        if not matches:
+            raise FileNotFoundError(f"source glob '{text}' matched no files")
+        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+    if path.is_dir():
+        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+    if path.is_file() and path.suffix.lower() == ".txt":
+        items = []
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                entry = Path(line).expanduser()
+                items.extend(_expand(str(entry if entry.is_absolute() or entry.exists() else path.parent / entry)))
+        return items
+    if path.is_file():
+        return [str(path)]
+    raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob or .txt list)")
+
+
+def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
+    """(path, BGR image, frame index or None) for every image and video frame of `source`; unreadable files are skipped with a warning."""
+    for n, item in enumerate(_expand(source)):
+        if isinstance(item, np.ndarray):
+            yield f"image{n}.jpg", item, None
+            continue
+        if Path(item).suffix.lower() in VIDEO_SUFFIXES:
+            capture = cv2.VideoCapture(item)
+            if not capture.isOpened():
+                LOGGER.warning(f"skipping unreadable video {item}")
+                continue
+            try:
+                frame_index = 0
+                while True:
+                    ok, frame = capture.read()
+                    if not ok:
+                        break
+                    yield item, frame, frame_index
+                    frame_index += 1
+                if frame_index == 0:
+                    LOGGER.warning(f"skipping unreadable video {item} (no frames decoded)")
+            finally:
+                capture.release()
+            continue
+        img = cv2.imread(item)
+        if img is None:
+            LOGGER.warning(f"skipping unreadable image {item}")
+            continue
+        yield item, img, None
+
+
+class Predictor:
+    """Runs a model over a source; see the module docstring. Events: on_predict_start, on_predict_batch_start,
+    on_predict_postprocess_end (predictor.results), on_predict_batch_end, on_predict_end."""
+
+    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
+        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})})
+        self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.backend: Backend | None = None
+        self.model = None
+        self.source = None
+        self.save_dir: Path | None = None
+        self.batch: tuple[list[str], list[np.ndarray]] | None = None
+        self.results: list[Results] = []
+        self.seen = 0
+        self.imgsz: tuple[int, int] | None = None
+        self._writers: dict[str, cv2.VideoWriter] = {}
+
+    def run_callbacks(self, event: str) -> None:
+        self.callbacks.run(event, self)
+
+    @property
+    def conf(self) -> float:
+        return PREDICT_CONF if self.args.conf is None else float(self.args.conf)
+
+    def setup_model(self, model: Any) -> Backend:
+        model = model if model is not None else self.args.model
+        if model is None:
+            raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
+        if self.backend is None or model is not self.model:
+            self.backend = load_backend(model, device=self.args.device or "cpu", fp16=bool(self.args.half))
+            self.model = model
+        size = self.args.imgsz
+        self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))
+        return self.backend
+
+    def __call__(self, source: Any = None, model: Any = None, stream: bool = False):
+        gen = self.stream_inference(source, model)
+        return gen if stream else list(gen)
+
+    def _batches(self, frames: Iterator, size: int) -> Iterator[list]:
+        batch = []
+        for item in frames:
+            batch.append(item)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    @torch.no_grad()
+    def stream_inference(self, source: Any = None, model: Any = None) -> Iterator[Results]:
+        source = source if source is not None else self.args.source
+        if source is None:
+            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list or numpy image")
+        backend = self.setup_model(model)
+        self.source = source
+        frames = iter_frames(_expand(source))  # a missing source raises here, before a run dir is made
+        if self.args.save or self.args.save_txt:
+            self.save_dir = self._make_save_dir()
+        self.seen = 0
+        self.run_callbacks("on_predict_start")
+        try:
+            for batch in self._batches(frames, backend.batch or 1):
+                paths, images, frame_ids = (list(v) for v in zip(*batch))
+                self.batch = (paths, images)
+                self.run_callbacks("on_predict_batch_start")
+                t0 = time.perf_counter()
+                tensors, ratio_pads = zip(*(preprocess(img, self.imgsz, auto=False, stride=backend.stride) for img in images))
+                x = torch.stack(tensors).to(backend.device)
+                t1 = time.perf_counter()
+                preds = backend(x)
+                t2 = time.perf_counter()
+                self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
+                t3 = time.perf_counter()
+                n = len(images)
+                speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n, "postprocess": (t3 - t2) * 1e3 / n}
+                for r in self.results:
+                    r.speed = dict(speed)
+                self.run_callbacks("on_predict_postprocess_end")
+                for r in self.results:
+                    self.save_result(r)
+                self.seen += n
+                if self.args.verbose:
+                    for r in self.results:
+                        LOGGER.info(f"{r.path}{'' if r.frame is None else f' frame {r.frame}'}: {r.summary()} "
+                                    f"({speed['inference']:.1f} ms)")
+                self.run_callbacks("on_predict_batch_end")
+                yield from self.results
+        finally:
+            for writer in self._writers.values():
+                writer.release()
+            self._writers.clear()
+        if self.save_dir is not None:
+            LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
+        self.run_callbacks("on_predict_end")
+
+    def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
+        from yolo_cb.nn.postprocess import postprocess, scale_boxes
+
+        args = self.args
+        dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes)
+        results = []
+        for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads):
+            det = scale_boxes(det.cpu(), ratio_pad, img.shape[:2]) if len(det) else det.cpu().reshape(0, 6)
+            results.append(Results(img, path, self.backend.names, boxes=det, frame=frame))
+        return results
+
+    # --- saving -----------------------------------------------------------------------------
+    def _make_save_dir(self) -> Path:
+        from yolo_cb.utils.files import run_dir
+
+        return run_dir(self.args, "predict")
+
+    def save_result(self, r: Results) -> None:
+        if self.save_dir is None:
+            return
+        stem = Path(r.path).stem
+        txt_stem = stem if r.frame is None else f"{stem}_{r.frame}"
+        if self.args.save_txt:
+            txt = self.save_dir / "labels" / f"{txt_stem}.txt"
+            if len(r):
+                r.save_txt(txt, save_conf=bool(self.args.save_conf))
+            else:
+                txt.parent.mkdir(parents=True, exist_ok=True)
+                txt.touch()
+        if not self.args.save:
+            return
+        plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels))
+        if r.frame is None:
+            suffix = Path(r.path).suffix.lower()
+            name = Path(r.path).name if suffix in IMAGE_SUFFIXES else f"{stem}.jpg"
+            if not cv2.imwrite(str(self.save_dir / name), plotted):
+                LOGGER.warning(f"could not write {self.save_dir / name}")
+            return
+        writer = self._writers.get(r.path)
+        if writer is None:
+            capture = cv2.VideoCapture(r.path)
+            fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
+            capture.release()
+            h, w = plotted.shape[:2]
+            writer = cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+            self._writers[r.path] = writer
+        writer.write(plotted)

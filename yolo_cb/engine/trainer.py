@@ -1,0 +1,527 @@
+"""The training loop: setup, epochs, batches, optimizer steps, validation, saving — every step fires its event.
+
+Everything around the loop (progress, results.csv, checkpoints, early stopping, integrations, the
+user's callbacks) is a callback; the loop only computes and keeps the state callbacks read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo_cb.callbacks.engine import Callbacks
+from yolo_cb.config import Config, save_config
+from yolo_cb.engine.ema import ModelEMA, unwrap
+from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.checkpoint import load_checkpoint, save_checkpoint
+from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.log import LOGGER
+
+LOSS_NAMES = ("iou_loss", "obj_loss", "cls_loss", "l1_loss")
+MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/inf for too many batches in a row."""
+
+
+class Trainer:
+    """Trains a YOLOX model. `trainer.train()` returns the final metrics dict.
+
+    State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
+    fitness, best_fitness, model, ema, optimizer, criterion, train_loader, test_loader, save_dir, args,
+    stop, stop_reason, exception, data, device, rank, world_size.
+    """
+
+    def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
+        self.args = args
+        self.model_source = model if model is not None else (args.model or "yolox-nano.yaml")
+        self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.epochs = args.epochs
+        self.start_epoch = 0
+        self.epoch = 0
+        self.batch_i = 0
+        self.batch = None
+        self.loss = None
+        self.loss_items = None
+        self.tloss = None
+        self.loss_names = LOSS_NAMES
+        self.metrics: dict[str, float] = {}
+        self.fitness: float | None = None
+        self.best_fitness: float | None = None
+        self.improved = False
+        self.lr: dict[str, float] = {}
+        self.stop = False
+        self.stop_reason = ""
+        self.exception: BaseException | None = None
+        self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
+        self.model = self.ema = self.optimizer = self.criterion = None
+        self.train_loader = self.test_loader = self.validator = None
+        self.data: dict = {}
+        self.resume_ckpt: dict | None = None
+        self.save_dir: Path | None = None
+        self.wdir: Path | None = None
+        self.num_batches = 0
+        self.batch_instances = 0
+        self.batch_size_px = args.imgsz
+        self.setup_done = False
+        self._signal: int | None = None
+        self._nonfinite_in_a_row = 0
+        self._t0 = time.time()
+        self.rank = distributed.rank()
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.device = torch.device("cpu")
+
+    # --- small helpers ------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.rank in (-1, 0)
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self._t0
+
+    def run_callbacks(self, event: str) -> None:
+        self.callbacks.run(event, self)
+
+    def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
+        if items is None:
+            return {f"{prefix}/{name}": 0.0 for name in self.loss_names}
+        return {f"{prefix}/{name}": round(float(v), 5) for name, v in zip(self.loss_names, items)}
+
+    # --- the run ------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Run the whole training; teardown always fires; errors re-raise after last.pt and on_exception."""
+        previous_handlers = self._install_signal_handlers()
+        try:
+            self._setup()
+            self.run_callbacks("on_train_start")
+            for epoch in range(self.start_epoch, self.epochs):
+                self.epoch = epoch
+                self._train_epoch()
+                if self._signal is not None:
+                    raise KeyboardInterrupt if self._signal == signal.SIGINT else SystemExit(SIGNAL_EXIT[self._signal])
+                self._validate_and_save()
+                self.run_callbacks("on_fit_epoch_end")
+                self.stop = distributed.any_rank(self.stop, self._flag_device)
+                if self.stop:
+                    LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
+                    break
+                self._update_lr(epoch + 1)
+            self._final_validation()
+            self.run_callbacks("on_train_end")
+            self._log_callback_stats()
+            return self.metrics
+        except BaseException as error:
+            self.exception = error
+            self._save_on_error()
+            self.run_callbacks("on_exception")
+            raise
+        finally:
+            self._restore_signal_handlers(previous_handlers)
+            self.run_callbacks("teardown")
+            if distributed.is_distributed():
+                torch.distributed.destroy_process_group()
+
+    # --- setup ----------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from yolo_cb.engine.backend import select_device
+
+        args = self.args
+        self._setup_distributed()
+        if self.world_size == 1:
+            self.device = select_device(args.device)
+        self._make_save_dir()
+        self.run_callbacks("on_pretrain_routine_start")
+        self._seed(args.seed + max(self.rank, 0), args.deterministic)
+        from yolo_cb.data.resolve import check_data
+
+        self.data = check_data(args.data or "shapes.yaml", args.datasets_dir)
+        self._build_model()
+        self._build_loaders()
+        self._build_optimizer()
+        self.ema = ModelEMA(self.model) if self.is_main else None
+        if self.resume_ckpt is not None:
+            self._load_resume_state(self.resume_ckpt)
+        self._update_lr(self.start_epoch, fire=False)
+        self._wrap_distributed()
+        from yolo_cb.engine.validator import Validator
+
+        self.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
+        self.setup_done = True
+        if args.verbose and self.is_main:
+            LOGGER.info("callbacks (event, group, on_error, callback):\n" + self.callbacks.table())
+        self.run_callbacks("on_pretrain_routine_end")
+
+    def _setup_distributed(self) -> None:
+        if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            self.rank, self.world_size = -1, 1
+            return
+        local_rank = int(os.environ["LOCAL_RANK"])
+        use_cuda = torch.cuda.is_available() and str(self.args.device or "").lower() != "cpu"
+        if use_cuda:
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+        self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    @property
+    def _flag_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _make_save_dir(self) -> None:
+        if self.save_dir is None:
+            self.save_dir = run_dir(self.args, "train") if self.is_main else None
+            self.save_dir = Path(distributed.broadcast_object(str(self.save_dir) if self.save_dir else None))
+        self.wdir = self.save_dir / "weights"
+        if self.is_main:
+            self.wdir.mkdir(parents=True, exist_ok=True)
+            save_config(self.args, self.save_dir / "args.yaml")
+
+    def _seed(self, seed: int, deterministic: bool) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    def _build_model(self) -> None:
+        from yolo_cb.nn import build_model
+
+        nc, names = int(self.data["nc"]), self.data["names"]
+        source = self.model_source
+        init_ckpt = None
+        if self.resume_ckpt is not None:
+            cfg = self.resume_ckpt["model_cfg"]
+        elif isinstance(source, (str, Path)) and str(source).endswith(".pt"):
+            init_ckpt = load_checkpoint(source)
+            cfg = init_ckpt["model_cfg"]
+        else:
+            cfg = source
+        model = build_model(cfg, nc=nc, verbose=self.is_main, imgsz=self.args.imgsz)
+        if self.args.pretrained and not isinstance(self.args.pretrained, bool):
+            init_ckpt = load_checkpoint(self.args.pretrained)
+        if init_ckpt is not None:
+            self._load_matching_weights(model, init_ckpt)
+        model.names = dict(names)
+        self.model_cfg = dict(model.cfg)
+        self.model = model.to(self.device)
+        if self.args.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.criterion = unwrap(self.model).criterion
+        self.criterion.use_l1 = False
+
+    @staticmethod
+    def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> None:
+        source = ckpt.get("ema") or ckpt["model"]
+        own = model.state_dict()
+        matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(matching, strict=False)
+        LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint")
+
+    def _build_loaders(self) -> None:
+        from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+
+        args, names, stride = self.args, self.data["names"], 32
+        train_set = build_yolo_dataset(args, self.data["train"], "train", names, stride=stride, batch=args.batch)
+        self.train_loader = build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=self.rank, seed=args.seed)
+        self.num_batches = len(self.train_loader)
+        if self.is_main:
+            split = self.data.get(args.split if args.split != "train" else "val") or self.data.get("val")
+            val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+            self.test_loader = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+
+    def _build_optimizer(self) -> None:
+        args = self.args
+        self.accumulate = max(round(args.nbs / args.batch), 1)
+        weight_decay = args.weight_decay * args.batch * self.accumulate / args.nbs
+        iterations = math.ceil(len(self.train_loader.dataset) / max(args.batch, args.nbs)) * self.epochs
+        name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
+        self.optimizer_name, self.momentum = name, momentum
+        self.optimizer = build_optimizer(self.model, name, lr, momentum, weight_decay)
+        self.lf = lr_lambda(self.epochs, args.lrf, args.cos_lr)
+        self.warmup_iters = max(round(args.warmup_epochs * self.num_batches), 100) if args.warmup_epochs > 0 else -1
+        # Adam-family optimizers diverge with SGD's large warmup bias lr: never start the bias above lr
+        self.warmup_bias_lr = args.warmup_bias_lr if name == "SGD" else min(args.warmup_bias_lr, lr)
+        use_amp = bool(args.amp) and self.device.type == "cuda"
+        self.amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+        self.use_amp = use_amp
+        self.scaler = torch.amp.GradScaler("cuda", enabled=use_amp and self.amp_dtype == torch.float16)
+        self.last_opt_step = -1
+
+    def _wrap_distributed(self) -> None:
+        if self.world_size <= 1:
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        if self.args.sync_bn:
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.model = DistributedDataParallel(self.model, device_ids=ids, find_unused_parameters=False)
+
+    # --- epoch / batch ------------------------------------------------------------------
+    def _train_epoch(self) -> None:
+        self.model.train()
+        self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
+        self.train_loader.set_epoch(self.epoch)
+        self.tloss = None
+        self.optimizer.zero_grad(set_to_none=True)
+        for self.batch_i, self.batch in enumerate(self.train_loader):
+            self._train_batch()
+            self.run_callbacks("on_train_batch_end")
+            if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
+                self.stop, self.stop_reason = True, f"time limit of {self.args.time} h reached"
+            if self._signal is not None or distributed.any_rank(self.stop, self._flag_device):
+                self.stop = True
+                break
+        self.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
+        self.run_callbacks("on_train_epoch_end")
+
+    def _train_batch(self) -> None:
+        self.run_callbacks("on_train_batch_start")
+        ni = self.batch_i + self.num_batches * self.epoch
+        self._warmup(ni)
+        images = self.batch["img"].to(self.device, non_blocking=True).float() / 255
+        if self.args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        targets = self.batch["targets"].to(self.device)
+        self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            loss_dict = self.model(images, targets)
+        self.loss = loss_dict["total"]
+        self.loss_items = torch.stack([loss_dict["iou"], loss_dict["obj"], loss_dict["cls"], loss_dict["l1"]]).detach().float().cpu()
+        self.run_callbacks("on_train_batch_loss_end")
+        if distributed.any_rank(not torch.isfinite(self.loss).item(), self._flag_device):
+            self._skip_nonfinite()
+            return
+        self._nonfinite_in_a_row = 0
+        self.tloss = self.loss_items if self.tloss is None else (self.tloss * self.batch_i + self.loss_items) / (self.batch_i + 1)
+        # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
+        self.scaler.scale(self.loss * self.args.batch / self.args.nbs * self.world_size).backward()
+        self.run_callbacks("on_after_backward")
+        if ni - self.last_opt_step >= self.accumulate:
+            self._optimizer_step()
+            self.last_opt_step = ni
+
+    def _skip_nonfinite(self) -> None:
+        self._nonfinite_in_a_row += 1
+        LOGGER.warning(f"WARNING non-finite loss {self.loss.item()} at epoch {self.epoch + 1} batch {self.batch_i}: step skipped "
+                       f"({self._nonfinite_in_a_row}/{MAX_NONFINITE_IN_A_ROW} in a row)")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            raise NonFiniteLossError(f"the loss was NaN/inf for {self._nonfinite_in_a_row} batches in a row (epoch {self.epoch + 1}, "
+                                     f"batch {self.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
+
+    def _optimizer_step(self) -> None:
+        self.scaler.unscale_(self.optimizer)
+        if self.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.args.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.run_callbacks("optimizer_step")
+        self.run_callbacks("on_before_zero_grad")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def _warmup(self, ni: int) -> None:
+        if ni > self.warmup_iters:
+            return
+        xi = [0, self.warmup_iters]
+        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.args.nbs / self.args.batch]).round()))
+        for j, group in enumerate(self.optimizer.param_groups):
+            start = self.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
+            group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * self.lf(self.epoch)]))
+            if "momentum" in group:
+                group["momentum"] = float(np.interp(ni, xi, [self.args.warmup_momentum, self.momentum]))
+
+    def _update_lr(self, epoch: int, fire: bool = True) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.lf(epoch)
+        if fire:
+            self.run_callbacks("on_params_update")
+
+    # --- validation and saving ------------------------------------------------------------
+    def _should_validate(self) -> bool:
+        final = self.epoch + 1 == self.epochs
+        periodic = self.args.val and (self.epoch + 1) % self.args.val_period == 0
+        return final or periodic or self.stop or (self.args.val and self.validate_every_epoch)
+
+    def _validate_and_save(self) -> None:
+        self.improved = False
+        if self._should_validate():
+            metrics = self.validator(trainer=self) if self.is_main else None
+            metrics = distributed.broadcast_object(metrics)
+            self.metrics = dict(metrics)
+            self.fitness = float(self.metrics.get("fitness", 0.0))
+            if self.best_fitness is None or self.fitness > self.best_fitness:
+                self.best_fitness, self.improved = self.fitness, True
+        elif self.best_fitness is None:
+            self.improved = True  # nothing validated yet: best.pt follows last.pt
+        self.run_callbacks("on_model_save")
+
+    def checkpoint_dict(self, epoch: int | None = None) -> dict:
+        """The plain-data checkpoint (see DESIGN.md): loadable with torch.load(weights_only=True)."""
+        from yolo_cb import __version__
+
+        model = unwrap(self.model)
+        return {
+            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "ema": {k: v.detach().clone() for k, v in self.ema.ema.state_dict().items()} if self.ema else None,
+            "ema_updates": self.ema.updates if self.ema else 0,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "epoch": self.epoch if epoch is None else epoch,
+            "epochs": self.epochs,
+            "best_fitness": self.best_fitness,
+            "fitness": self.fitness,
+            "train_args": self.args.as_dict(),
+            "model_cfg": dict(self.model_cfg),
+            "names": {int(k): str(v) for k, v in self.data["names"].items()},
+            "callbacks": self.callbacks.state_dict(),
+            "rng": rng_states(),
+            "use_l1": bool(self.criterion.use_l1),
+            "metrics": {k: float(v) for k, v in self.metrics.items()},
+            "version": __version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def save_checkpoint_file(self, ckpt: dict, path: Path) -> None:
+        save_checkpoint(ckpt, path)
+
+    def _save_on_error(self) -> None:
+        """On an exception or signal: save last.pt with the current weights (epoch = last completed one)."""
+        if not (self.setup_done and self.is_main and self.args.save):
+            return
+        try:
+            save_checkpoint(self.checkpoint_dict(epoch=self.epoch - 1), self.wdir / "last.pt")
+            LOGGER.info(f"saved {self.wdir / 'last.pt'} (resume with: yolo-cb train resume={self.wdir / 'last.pt'})")
+        except Exception as error:  # the original error matters more than this one
+            LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
+
+    def _final_validation(self) -> None:
+        """Validate best.pt (firing on_val_*) and strip the optimizer from finished checkpoints."""
+        if not self.is_main:
+            return
+        best, last = self.wdir / "best.pt", self.wdir / "last.pt"
+        finished = self.epoch + 1 >= self.epochs or self.stop_reason.startswith("early stopping")
+        if finished:
+            for path in (last, best):
+                if path.is_file():
+                    strip_optimizer(path)
+        if best.is_file() and self.args.val:
+            from yolo_cb.utils.checkpoint import model_from_checkpoint
+
+            LOGGER.info(f"validating {best}")
+            self.validator.plot = True
+            model = model_from_checkpoint(best).to(self.device)
+            self.metrics = dict(self.validator(model=model))
+            self.validator.plot = False
+
+    # --- resume ---------------------------------------------------------------------------
+    def _load_resume_state(self, ckpt: dict) -> None:
+        model = unwrap(self.model)
+        model.load_state_dict(ckpt["model"])
+        if ckpt.get("optimizer"):
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        else:
+            LOGGER.warning("WARNING the checkpoint has no optimizer state (a finished run); the optimizer starts fresh")
+        if self.ema is not None and ckpt.get("ema"):
+            self.ema.ema.load_state_dict(ckpt["ema"])
+            self.ema.updates = int(ckpt.get("ema_updates", 0))
+        if ckpt.get("scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.start_epoch = int(ckpt["epoch"]) + 1
+        self.best_fitness = ckpt.get("best_fitness")
+        self.fitness = ckpt.get("fitness")
+        self.metrics = dict(ckpt.get("metrics") or {})
+        self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
+        self.last_opt_step = self.start_epoch * self.num_batches - 1
+        self.callbacks.load_state_dict(ckpt.get("callbacks") or {})
+        if ckpt.get("rng") and self.world_size == 1:
+            set_rng_states(ckpt["rng"])
+        LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}")
+
+    # --- signals and summaries ------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict:
+        if threading_main() is False:
+            return {}
+        previous = {}
+
+        def handler(signum, frame):
+            if self._signal is not None:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            self._signal, self.stop = signum, True
+            self.stop_reason = f"{signal.Signals(signum).name} received"
+            LOGGER.warning(f"{signal.Signals(signum).name} received: stopping at the end of this batch and saving last.pt (again to abort now)")
+
+        for sig in SIGNAL_EXIT:
+            previous[sig] = signal.signal(sig, handler)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict) -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    def _log_callback_stats(self, top: int = 5) -> None:
+        if not self.is_main:
+            return
+        rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
+        if rows:
+            LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
+        LOGGER.info(f"results saved to {self.save_dir}")
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def rng_states() -> dict:
+    """torch / numpy / python RNG states as plain data (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    npst = states["numpy"]
+    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["cached_gaussian"]))
+    py = states["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def strip_optimizer(path: Path) -> None:
+    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32."""
+    ckpt = load_checkpoint(path)
+    ckpt["optimizer"] = None
+    ckpt["scaler"] = None
+    save_checkpoint(ckpt, path)

@@ -1,0 +1,191 @@
+"""YOLOX training loss: SimOTA label assignment, then IoU, objectness, classification and optional L1 terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import box_area, box_convert, box_iou, generalized_box_iou_loss
+
+BOX_WEIGHT = 5.0  # weight of the IoU term in the total loss
+CENTER_RADIUS = 2.5  # centre prior: cells within this many strides of a box centre are candidates for it
+TOPK_CANDIDATES = 10  # dynamic k of a box = sum of its this-many best IoUs with candidate predictions
+IOU_COST_WEIGHT = 3.0  # weight of -log(IoU) against the classification cost in SimOTA's matching cost
+OUTSIDE_PENALTY = 1e5  # cost added when a cell is not in both the box and its centre region (once more if in neither)
+MAX_LOG_WH = 10.0  # raw log-size is clamped here before exp so a diverging prediction cannot overflow (e^10 strides)
+EPS = 1e-8  # guards log() and divisions against zero
+
+
+@dataclass
+class Assignment:
+    """SimOTA result for one image: which cells are foreground, the box each one learns, and its IoU with that box."""
+
+    fg_mask: torch.Tensor  # (A,) bool
+    matched_gt: torch.Tensor  # (F,) index into the image's boxes, for the F foreground cells in cell order
+    matched_iou: torch.Tensor  # (F,) IoU between each foreground cell's predicted box and its box
+
+
+def paired_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """IoU of row i of boxes1 with row i of boxes2 (both xyxy, same length)."""
+    top_left = torch.maximum(boxes1[:, :2], boxes2[:, :2])
+    bottom_right = torch.minimum(boxes1[:, 2:], boxes2[:, 2:])
+    inter = (bottom_right - top_left).clamp(min=0).prod(dim=1)
+    union = box_area(boxes1) + box_area(boxes2) - inter
+    return inter / union.clamp(min=EPS)
+
+
+class YOLOXLoss(nn.Module):
+    """Loss of a YOLOX head, normalised by the number of foreground cells in the batch.
+
+    forward() returns {"total", "iou", "obj", "cls", "l1", "num_fg"}: the components are detached and already
+    weighted, so total == iou + obj + cls + l1; num_fg is the count of foreground cells in the batch (float).
+    """
+
+    def __init__(self, nc: int, box_weight: float = BOX_WEIGHT, loss_type: str = "iou", use_l1: bool = False):
+        super().__init__()
+        if loss_type not in ("iou", "giou"):
+            raise ValueError(f"loss_type must be 'iou' or 'giou', got '{loss_type}'")
+        self.nc = nc
+        self.box_weight = box_weight  # weight of the IoU term
+        self.loss_type = loss_type  # iou: 1 - IoU^2 (YOLOX); giou: 1 - GIoU
+        self.use_l1 = use_l1  # add an L1 loss on raw box outputs (YOLOX turns it on for the last, no-augmentation epochs)
+
+    def forward(self, preds: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor, targets: torch.Tensor) -> dict:
+        """preds: raw head outputs (B, A, 5 + nc); grid: cell (x, y) (A, 2); strides: (A, 1);
+        targets: (N, 6) rows [image_index, class, cx, cy, w, h] in input pixels."""
+        preds, grid, strides = preds.float(), grid.float(), strides.float()
+        raw_box = preds[..., :4]
+        boxes = torch.cat(((raw_box[..., :2] + grid) * strides, torch.exp(raw_box[..., 2:4].clamp(max=MAX_LOG_WH)) * strides), dim=-1)
+        obj_logits, cls_logits = preds[..., 4], preds[..., 5:]
+        targets = targets.to(device=preds.device, dtype=torch.float32).reshape(-1, 6)
+        if len(targets) and int(targets[:, 1].max()) >= self.nc:
+            raise ValueError(f"target class {int(targets[:, 1].max())} out of range for a model with nc={self.nc}")
+
+        fg_masks, cls_targets, box_targets, l1_targets = [], [], [], []
+        for b in range(preds.shape[0]):
+            gt = targets[targets[:, 0] == b]
+            if len(gt) == 0:
+                fg_masks.append(torch.zeros(preds.shape[1], dtype=torch.bool, device=preds.device))
+                continue
+            gt_cls, gt_boxes = gt[:, 1].long(), gt[:, 2:6]
+            a = self.assign(gt_boxes, gt_cls, boxes[b].detach(), cls_logits[b].detach(), obj_logits[b].detach(), grid, strides)
+            fg_masks.append(a.fg_mask)
+            cls_targets.append(F.one_hot(gt_cls[a.matched_gt], self.nc).float() * a.matched_iou[:, None])
+            box_targets.append(gt_boxes[a.matched_gt])
+            if self.use_l1:
+                l1_targets.append(self.encode_l1_target(gt_boxes[a.matched_gt], grid[a.fg_mask], strides[a.fg_mask]))
+
+        fg = torch.stack(fg_masks)
+        num_fg = int(fg.sum())
+        norm = max(num_fg, 1)
+        box_target = torch.cat(box_targets) if box_targets else preds.new_zeros((0, 4))
+        cls_target = torch.cat(cls_targets) if cls_targets else preds.new_zeros((0, self.nc))
+
+        loss_iou = self.box_loss(boxes[fg], box_target).sum() / norm * self.box_weight
+        loss_obj = F.binary_cross_entropy_with_logits(obj_logits, fg.float(), reduction="sum") / norm
+        loss_cls = F.binary_cross_entropy_with_logits(cls_logits[fg], cls_target, reduction="sum") / norm
+        if self.use_l1:
+            l1_target = torch.cat(l1_targets) if l1_targets else preds.new_zeros((0, 4))
+            loss_l1 = F.l1_loss(raw_box[fg], l1_target, reduction="sum") / norm
+        else:
+            loss_l1 = preds.new_zeros(())
+        total = loss_iou + loss_obj + loss_cls + loss_l1
+        return {
+            "total": total,
+            "iou": loss_iou.detach(),
+            "obj": loss_obj.detach(),
+            "cls": loss_cls.detach(),
+            "l1": loss_l1.detach(),
+            "num_fg": float(num_fg),
+        }
+
+    def box_loss(self, pred_cxcywh: torch.Tensor, target_cxcywh: torch.Tensor) -> torch.Tensor:
+        """Per-box IoU loss: 1 - IoU^2, or 1 - GIoU."""
+        pred = box_convert(pred_cxcywh, "cxcywh", "xyxy")
+        target = box_convert(target_cxcywh, "cxcywh", "xyxy")
+        if self.loss_type == "giou":
+            return generalized_box_iou_loss(pred, target, reduction="none")
+        return 1.0 - paired_iou(pred, target) ** 2
+
+    @staticmethod
+    def encode_l1_target(gt_cxcywh: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
+        """Boxes in the head's raw regression space: centre offset from the cell, log size, both in stride units."""
+        return torch.cat((gt_cxcywh[:, :2] / strides - grid, torch.log(gt_cxcywh[:, 2:4] / strides + EPS)), dim=1)
+
+    @torch.no_grad()
+    def assign(
+        self,
+        gt_boxes: torch.Tensor,
+        gt_cls: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        cls_logits: torch.Tensor,
+        obj_logits: torch.Tensor,
+        grid: torch.Tensor,
+        strides: torch.Tensor,
+    ) -> Assignment:
+        """SimOTA for one image. gt_boxes (G, 4) cxcywh pixels, gt_cls (G,); pred_boxes (A, 4) cxcywh pixels;
+        cls_logits (A, nc); obj_logits (A,); grid (A, 2); strides (A, 1)."""
+        num_cells = pred_boxes.shape[0]
+        in_box, in_center = self.geometry(gt_boxes, grid, strides)
+        in_region = in_box | in_center  # (G, A)
+        candidates = in_region.any(dim=0).nonzero().squeeze(1)  # cells near at least one box
+        fg_mask = torch.zeros(num_cells, dtype=torch.bool, device=pred_boxes.device)
+        if candidates.numel() == 0:
+            empty = torch.zeros(0, dtype=torch.long, device=pred_boxes.device)
+            return Assignment(fg_mask, empty, empty.float())
+
+        gt_xyxy = box_convert(gt_boxes, "cxcywh", "xyxy")
+        ious = box_iou(gt_xyxy, box_convert(pred_boxes[candidates], "cxcywh", "xyxy")).nan_to_num(0.0)  # (G, C)
+        cost = (
+            self.classification_cost(cls_logits[candidates], obj_logits[candidates], gt_cls)
+            + IOU_COST_WEIGHT * -torch.log(ious + EPS)
+            + OUTSIDE_PENALTY * (~(in_box & in_center)[:, candidates]).float()
+            + OUTSIDE_PENALTY * (~in_region[:, candidates]).float()
+        )
+        matching = self.dynamic_k_matching(cost, ious)
+        is_fg = matching.any(dim=0)
+        fg_mask[candidates[is_fg]] = True
+        matched_gt = matching[:, is_fg].float().argmax(dim=0)
+        matched_iou = (matching.float() * ious).sum(dim=0)[is_fg]
+        return Assignment(fg_mask, matched_gt, matched_iou)
+
+    @staticmethod
+    def geometry(gt_boxes: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(G, A) masks: cell centre strictly inside the box; cell centre within CENTER_RADIUS strides of the box centre."""
+        centers = (grid + 0.5) * strides  # (A, 2) cell centres in pixels
+        half = gt_boxes[:, None, 2:4] / 2
+        offset = centers[None] - gt_boxes[:, None, :2]  # (G, A, 2)
+        in_box = (offset.abs() < half).all(dim=-1)
+        in_center = (offset.abs() < CENTER_RADIUS * strides[None]).all(dim=-1)
+        return in_box, in_center
+
+    @staticmethod
+    def classification_cost(cls_logits: torch.Tensor, obj_logits: torch.Tensor, gt_cls: torch.Tensor) -> torch.Tensor:
+        """(G, C) BCE between each candidate's joint score sqrt(cls * obj) and each box's one-hot class, summed over classes.
+
+        Computed without a (G, C, nc) tensor: BCE(p, onehot(c)) = sum_k -log(1 - p_k) - (log p_c - log(1 - p_c)).
+        """
+        p = torch.sqrt(torch.sigmoid(cls_logits) * torch.sigmoid(obj_logits)[:, None])  # (C, nc)
+        log_p = torch.log(p).clamp(min=-100)
+        log_not_p = torch.log1p(-p).clamp(min=-100)
+        all_negative = -log_not_p.sum(dim=1)  # (C,)
+        return all_negative[None, :] - (log_p - log_not_p)[:, gt_cls].T
+
+    @staticmethod
+    def dynamic_k_matching(cost: torch.Tensor, ious: torch.Tensor) -> torch.Tensor:
+        """(G, C) bool matching: each box takes its k cheapest candidates, k = clamp(sum of top-10 IoUs, min 1);
+        a candidate taken by several boxes keeps only the cheapest one."""
+        num_gt, num_cand = cost.shape
+        dynamic_k = ious.topk(min(TOPK_CANDIDATES, num_cand), dim=1).values.sum(dim=1).int().clamp(min=1)
+        order = cost.argsort(dim=1)
+        take = torch.arange(num_cand, device=cost.device)[None, :] < dynamic_k[:, None]  # (G, C) in cost order
+        matching = torch.zeros_like(cost, dtype=torch.bool).scatter_(1, order, take)
+        shared = matching.sum(dim=0) > 1
+        if shared.any():
+            cols = shared.nonzero().squeeze(1)
+            cheapest = cost[:, cols].argmin(dim=0)
+            matching[:, cols] = False
+            matching[cheapest, cols] = True
+        return matching

@@ -1,0 +1,100 @@
+"""The YOLOX detector module and `build_model`, which makes one from a model YAML, a bundled name or a dict."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+from ..loss import YOLOXLoss
+from .backbone import PAFPN
+from .blocks import ConvBNAct
+from .head import STRIDES, YOLOXHead
+
+LOGGER = logging.getLogger("yolo_cb")
+ARCH_KEYS = ("depth", "width", "depthwise", "act")  # the settings that define the architecture (besides nc)
+
+
+class YOLOX(nn.Module):
+    """PAFPN (CSPDarknet) + decoupled head. Input: (B, 3, H, W) RGB in [0, 1], H and W multiples of 32.
+
+    forward(x, targets) -> loss dict (in any mode); forward(x) -> raw per-level outputs in train mode,
+    decoded predictions (B, A, 4 + 1 + nc) in eval mode (see `decode`).
+    """
+
+    def __init__(self, depth: float = 1.0, width: float = 1.0, nc: int = 80, depthwise: bool = False, act: str = "silu", name: str = "YOLOX"):
+        super().__init__()
+        self.name = name
+        self.nc = int(nc)
+        self.cfg = {"depth": float(depth), "width": float(width), "depthwise": bool(depthwise), "act": str(act), "nc": self.nc}
+        self.names = {i: str(i) for i in range(self.nc)}
+        self.register_buffer("stride", torch.tensor(STRIDES, dtype=torch.float32), persistent=False)
+        self.backbone = PAFPN(depth, width, depthwise, act)
+        self.head = YOLOXHead(self.nc, width, depthwise, act, STRIDES)
+        self.criterion = YOLOXLoss(self.nc)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None):
+        raw = self.raw_outputs(x)
+        if targets is not None:
+            return self.loss(raw, targets)
+        return raw if self.training else self.decode(raw)
+
+    def raw_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per-level head outputs (B, 4 + 1 + nc, H / s, W / s) for s in 8, 16, 32: box regression, obj and class logits."""
+        return self.head(self.backbone(x))
+
+    def decode(self, raw: list[torch.Tensor]) -> torch.Tensor:
+        """(B, A, 4 + 1 + nc): cx, cy, w, h in input pixels, objectness and class probabilities."""
+        return self.head.decode(raw)
+
+    def loss(self, raw: list[torch.Tensor], targets: torch.Tensor) -> dict:
+        """The criterion's loss dict for raw outputs and targets (N, 6) [image_index, class, cx, cy, w, h] in input pixels."""
+        preds, grid, strides = self.head.flatten(raw)
+        return self.criterion(preds, grid, strides, targets)
+
+    @torch.no_grad()
+    def fuse(self) -> YOLOX:
+        """Fold every BatchNorm into its convolution, in place (for inference); returns self."""
+        for module in self.modules():
+            if isinstance(module, ConvBNAct):
+                module.fuse()
+        return self
+
+
+def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
+    """The architecture dict and a display name (e.g. 'YOLOX-nano') from a YAML path, a bundled name or a dict."""
+    if isinstance(cfg, dict):
+        data, name = dict(cfg), str(cfg.get("name", "YOLOX"))
+    else:
+        from ..paths import find_model_cfg
+
+        path = find_model_cfg(str(cfg))
+        data = yaml.safe_load(path.read_text()) or {}
+        stem = path.stem
+        name = "YOLOX-" + stem.split("-", 1)[1] if stem.lower().startswith("yolox-") else stem
+    missing = [k for k in ("depth", "width") if k not in data]
+    if missing:
+        raise KeyError(f"model config {cfg!r} lacks {', '.join(missing)}")
+    arch = {"depth": float(data["depth"]), "width": float(data["width"]), "depthwise": bool(data.get("depthwise", False)), "act": str(data.get("act", "silu"))}
+    if "nc" in data:
+        arch["nc"] = int(data["nc"])
+    return arch, name
+
+
+def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> YOLOX:
+    """A freshly initialised YOLOX from `cfg` (path, bundled name like 'yolox-nano', or dict), with `nc` classes.
+
+    When verbose, logs one summary line (layers, parameters, GFLOPs at `imgsz`) to the 'yolo_cb' logger.
+    """
+    arch, name = load_model_cfg(cfg)
+    arch.pop("nc", None)
+    model = YOLOX(nc=nc, name=name, **arch)
+    if verbose:
+        from .summary import model_info
+
+        info = model_info(model, imgsz)
+        LOGGER.info(f"{name} summary: {info['layers']} layers, {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {imgsz}")
+    return model

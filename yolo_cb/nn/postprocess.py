@@ -1,0 +1,63 @@
+"""Turn decoded predictions into final detections, and map boxes back from the letterboxed input."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchvision.ops import batched_nms, box_convert
+
+MAX_NMS_INPUT = 30000  # highest-scoring boxes per image kept before NMS (bounds NMS time on an untrained model)
+
+
+def postprocess(
+    preds,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    max_det: int = 300,
+    agnostic: bool = False,
+    classes: Sequence[int] | None = None,
+) -> list[torch.Tensor]:
+    """Per image, a (n, 6) tensor of [x1, y1, x2, y2, score, cls] sorted by score.
+
+    preds: (B, A, 4 + 1 + nc) decoded model output (cx, cy, w, h, objectness, class probabilities), a tensor or
+    anything torch.as_tensor accepts (e.g. an ONNX Runtime numpy array); a single (A, 5 + nc) image is accepted too.
+    score = objectness * best class probability; boxes below `conf` are dropped, then NMS at `iou`, per class
+    unless `agnostic`; `classes` keeps only those class ids.
+    """
+    preds = torch.as_tensor(preds)
+    if preds.dim() == 2:
+        preds = preds[None]
+    results = []
+    for p in preds:
+        p = p.float()
+        class_prob, class_id = p[:, 5:].max(dim=1)
+        score = p[:, 4] * class_prob
+        keep = score > conf
+        if classes is not None:
+            keep &= torch.isin(class_id, torch.as_tensor(list(classes), device=p.device))
+        boxes, score, class_id = box_convert(p[keep, :4], "cxcywh", "xyxy"), score[keep], class_id[keep]
+        if score.numel() > MAX_NMS_INPUT:
+            top = score.topk(MAX_NMS_INPUT).indices
+            boxes, score, class_id = boxes[top], score[top], class_id[top]
+        groups = torch.zeros_like(class_id) if agnostic else class_id
+        kept = batched_nms(boxes, score, groups, iou)[:max_det]  # sorted by decreasing score
+        results.append(torch.cat((boxes[kept], score[kept, None], class_id[kept, None].float()), dim=1))
+    return results
+
+
+def scale_boxes(boxes_xyxy: torch.Tensor, ratio_pad, orig_shape: Sequence[int]) -> torch.Tensor:
+    """Boxes (..., >=4, xyxy in letterboxed-input pixels) mapped to the original image and clipped to it.
+
+    ratio_pad = (ratio, (pad_w, pad_h)): the letterbox resized the original by `ratio` (a number, or (ratio_w, ratio_h))
+    then padded pad_w pixels on the left and pad_h on the top. orig_shape = (h, w). Columns after the 4th are kept.
+    Returns a new tensor.
+    """
+    ratio, (pad_w, pad_h) = ratio_pad
+    r = torch.as_tensor(ratio, dtype=torch.float64).flatten()
+    ratio_w, ratio_h = float(r[0]), float(r[-1])
+    h, w = int(orig_shape[0]), int(orig_shape[1])
+    out = torch.as_tensor(boxes_xyxy).clone()
+    out[..., [0, 2]] = ((out[..., [0, 2]] - pad_w) / ratio_w).clamp(0, w)
+    out[..., [1, 3]] = ((out[..., [1, 3]] - pad_h) / ratio_h).clamp(0, h)
+    return out

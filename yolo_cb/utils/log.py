@@ -1,0 +1,28 @@
+"""The project logger. Handlers are attached by entry points (CLI, YOLO facade), never on import."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = logging.getLogger("yolo_cb")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Attach one plain stdout handler to the yolo_cb logger (idempotent)."""
+    LOGGER.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(getattr(h, "_yolo_cb", False) for h in LOGGER.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._yolo_cb = True
+        LOGGER.addHandler(handler)
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log a warning the first time this exact message is seen in this process."""
+    if message not in _warned:
+        _warned.add(message)
+        LOGGER.warning(message)
