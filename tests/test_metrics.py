@@ -24,10 +24,10 @@ def cocoeval(images: list[dict], nc: int) -> tuple[float, float]:
           "annotations": []}
     dets = []
     for im in images:
-        for box, c in zip(im["gt_boxes"], im["gt_cls"]):
+        for box, c in zip(im["gt_boxes"], im["gt_cls"], strict=True):
             gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": im["id"], "category_id": int(c),
                                       "bbox": [float(v) for v in box], "area": float(box[2] * box[3]), "iscrowd": 0})
-        for box, s, c in zip(im["dt_boxes"], im["dt_scores"], im["dt_cls"]):
+        for box, s, c in zip(im["dt_boxes"], im["dt_scores"], im["dt_cls"], strict=True):
             dets.append({"image_id": im["id"], "category_id": int(c), "bbox": [float(v) for v in box], "score": float(s)})
     with contextlib.redirect_stdout(io.StringIO()):
         coco_gt = COCO()
@@ -67,7 +67,7 @@ def random_images(seed: int, n_images: int = 12, nc: int = 4, max_gt: int = 8) -
         gt_cls = rng.integers(0, nc, n_gt)
         dt_boxes, dt_cls = [], []
         if i % 7 != 3:  # some images get no predictions
-            for box, c in zip(gt_boxes, gt_cls):
+            for box, c in zip(gt_boxes, gt_cls, strict=True):
                 for _ in range(int(rng.integers(0, 3))):
                     jitter = rng.normal(0, 0.15, 4) * np.array([box[2], box[3], box[2], box[3]])
                     b = box + jitter
@@ -95,6 +95,13 @@ def check(images: list[dict], nc: int) -> float:
 @pytest.mark.parametrize("seed", range(6))
 def test_random_boxes_match_cocoeval(seed):
     check(random_images(seed, nc=2 + seed % 4), nc=2 + seed % 4)
+
+
+def test_string_image_ids_match_cocoeval():
+    images = random_images(21, n_images=15, nc=3)
+    for k, im in enumerate(images):
+        im["id"] = f"img_{(k * 7) % 15}"  # string ids, not in update order: COCO sorts them
+    check(images, 3)
 
 
 def test_many_detections_per_image_and_class_are_capped_like_coco():

@@ -18,7 +18,8 @@ P and R are reported at the confidence that maximises the mean F1 over classes (
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -92,7 +92,7 @@ class ResultsCSV:
 
     def on_train_end(self, trainer):
         if trainer.is_main and trainer.args.plots and trainer.args.save:
-            from yolo_cb.utils.plotting import plot_results
+            from yolo_cb.utils.results_plot import plot_results
 
             plot_results(Path(trainer.save_dir) / "results.csv")
 

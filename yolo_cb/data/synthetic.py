@@ -134,7 +134,7 @@ def generate_shapes(root, n_train: int, n_val: int, seed: int = 0, min_size: int
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        for split_id, (split, n) in enumerate(zip(SPLITS, (n_train, n_val))):
+        for split_id, (split, n) in enumerate(zip(SPLITS, (n_train, n_val), strict=True)):
             (work / "images" / split).mkdir(parents=True)
             (work / "labels" / split).mkdir(parents=True)
             for i in tqdm(range(n), desc=f"generating shapes {split}", leave=False):

@@ -226,14 +226,15 @@ class RandomFlip:
     def __call__(self, sample: dict) -> dict:
         img, boxes = sample["img"], sample["bboxes"]
         h, w = img.shape[:2]
-        if self.p_lr > 0 and np.random.rand() < self.p_lr:
-            img = np.ascontiguousarray(img[:, ::-1])
+        lr = self.p_lr > 0 and np.random.rand() < self.p_lr
+        ud = self.p_ud > 0 and np.random.rand() < self.p_ud
+        if lr or ud:
+            img = cv2.flip(img, -1 if lr and ud else 1 if lr else 0)
             boxes = boxes.copy()
-            boxes[:, [0, 2]] = w - boxes[:, [2, 0]]
-        if self.p_ud > 0 and np.random.rand() < self.p_ud:
-            img = np.ascontiguousarray(img[::-1])
-            boxes = boxes.copy()
-            boxes[:, [1, 3]] = h - boxes[:, [3, 1]]
+            if lr:
+                boxes[:, [0, 2]] = w - boxes[:, [2, 0]]
+            if ud:
+                boxes[:, [1, 3]] = h - boxes[:, [3, 1]]
         return dict(sample, img=img, bboxes=boxes)
 
 

@@ -28,9 +28,9 @@ import numpy as np
 
 LOGGER = logging.getLogger("yolo_cb")
 
-IMG_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp"}
+IMG_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"}
 # image types a folder may hold that OpenCV cannot read: listed so the user hears about them
-UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".mpo", ".pfm"}
+UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".pfm"}
 COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
 ROUNDING = 1e-4  # excursions this small come from rounded coordinates: clipped without a note
 CACHE_VERSION = 1
@@ -126,7 +126,7 @@ def verify_label(lb_file: str, nc: int) -> dict:
         out["missing"] = True
         return out
     except (OSError, UnicodeDecodeError) as e:
-        out["corrupt"] = f"unreadable label file {lb_file} ({e})"
+        out["corrupt"] = f"unreadable ({e})"
         return out
     rows, dropped, clipped = [], 0, 0
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -134,18 +134,18 @@ def verify_label(lb_file: str, nc: int) -> dict:
         if not parts:
             continue
         if len(parts) != 5:
-            out["corrupt"] = f"label line {lineno} has {len(parts)} columns, expected 5 (class cx cy w h)"
+            out["corrupt"] = f"line {lineno} has {len(parts)} columns, expected 5 (class cx cy w h)"
             return out
         try:
             c, cx, cy, w, h = (float(v) for v in parts)
         except ValueError:
-            out["corrupt"] = f"label line {lineno} has a non-number: '{line.strip()}'"
+            out["corrupt"] = f"line {lineno} has a non-number: '{line.strip()}'"
             return out
         if not np.isfinite([c, cx, cy, w, h]).all():
-            out["corrupt"] = f"label line {lineno} has a non-finite value: '{line.strip()}'"
+            out["corrupt"] = f"line {lineno} has a non-finite value: '{line.strip()}'"
             return out
         if c != int(c) or not 0 <= c < nc:
-            out["corrupt"] = f"label line {lineno}: class id {parts[0]} is not an integer in [0, {nc}) (nc={nc})"
+            out["corrupt"] = f"line {lineno}: class id {parts[0]} is not an integer in [0, {nc}) (nc={nc})"
             return out
         x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
         if w <= 0 or h <= 0 or min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
@@ -177,7 +177,8 @@ def verify_pair(im_file: str, lb_file: str, nc: int) -> dict:
     entry = {"im_file": im_file, "shape": list(shape) if shape else None, "labels": [], "missing": False, "notes": [], "corrupt": reason}
     if reason is None:
         lab = verify_label(lb_file, nc)
-        entry.update(labels=lab["labels"].tolist(), missing=lab["missing"], notes=lab["notes"], corrupt=lab["corrupt"])
+        corrupt = f"label {lb_file} {lab['corrupt']}" if lab["corrupt"] else None
+        entry.update(labels=lab["labels"].tolist(), missing=lab["missing"], notes=lab["notes"], corrupt=corrupt)
     return entry
 
 
@@ -199,7 +200,7 @@ def cache_path_for(lb_files: list[str]) -> Path:
     return folder.parent / (folder.name + CACHE_SUFFIX)
 
 
-def read_cache(path: Path, expected_hash: str) -> list[dict] | None:
+def read_cache(path: Path, expected_hash: str, im_files: list[str]) -> list[dict] | None:
     """The cached entries, or None when the cache is missing, corrupt, foreign or stale."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -208,7 +209,12 @@ def read_cache(path: Path, expected_hash: str) -> list[dict] | None:
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("hash") != expected_hash:
         return None
     entries = data.get("entries")
-    return entries if isinstance(entries, list) else None
+    if not isinstance(entries, list) or len(entries) != len(im_files):
+        return None
+    keys = {"im_file", "shape", "labels", "notes", "corrupt"}
+    if not all(isinstance(e, dict) and keys <= e.keys() and e["im_file"] == f for e, f in zip(entries, im_files, strict=True)):
+        return None
+    return entries
 
 
 def write_cache(path: Path, file_hash: str, entries: list[dict]) -> None:
@@ -243,7 +249,7 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
     lb_files = [img2label_path(f) for f in im_files]
     path = cache_path_for(lb_files) if lb_files else None
     file_hash = files_hash(im_files, lb_files, nc)
-    entries = read_cache(path, file_hash) if (cache and path) else None
+    entries = read_cache(path, file_hash, im_files) if (cache and path) else None
     from_cache = entries is not None
     if entries is None:
         entries = verify_all(im_files, lb_files, nc, prefix)
@@ -251,7 +257,7 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
             write_cache(path, file_hash, entries)
     records, problems = [], []
     n_boxes = n_background = n_corrupt = 0
-    for e, lb in zip(entries, lb_files):
+    for e, lb in zip(entries, lb_files, strict=True):
         if e["corrupt"]:
             n_corrupt += 1
             problems.append(f"{e['im_file']}: skipped, {e['corrupt']}")

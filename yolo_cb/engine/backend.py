@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,9 @@ class TorchScriptBackend(Backend):
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool):
         extra = {TORCHSCRIPT_META: ""}
-        self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+            self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
         meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
         dynamic = bool(meta.get("dynamic", False))
         imgsz = meta.get("imgsz") if not dynamic else None

@@ -60,7 +60,7 @@ class ExportWrapper(nn.Module):
             return self.model(x)
         raw = self.model.raw_outputs(x)
         outs = []
-        for o, stride in zip(raw, self.strides):
+        for o, stride in zip(raw, self.strides, strict=True):
             ones = torch.ones_like(o[0, 0])  # (H, W)
             gx = ones.cumsum(1) - 1  # column index per cell
             gy = ones.cumsum(0) - 1  # row index per cell
@@ -153,7 +153,9 @@ def verify_onnx(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) 
 def verify_torchscript(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
     """Run `path` with torch.jit.load and compare with `model`: {max_abs, max_rel}."""
     param = next(model.parameters())
-    loaded = torch.jit.load(str(path), map_location=param.device).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+        loaded = torch.jit.load(str(path), map_location=param.device).eval()
     with torch.no_grad():
         output = loaded(image_tensor.to(param.device, param.dtype))
     return compare(output, torch_reference(model, image_tensor))
@@ -189,37 +191,49 @@ def sample_image(shape: tuple[int, int] = (480, 640), seed: int = 0) -> np.ndarr
 
 
 def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
-    """The first image of a dataset YAML's val (else train) split, if the YAML and its images can be found; else None."""
+    """The first image of a dataset YAML's val (else train) split when it is already on disk; else None (never downloads)."""
     if not data:
         return None
     try:
         import yaml
 
+        from yolo_cb.data.resolve import resolve_datasets_dir
         from yolo_cb.paths import find_dataset_cfg
 
-        cfg_path = find_dataset_cfg(str(data))
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-    except Exception:
+        yaml_file = find_dataset_cfg(str(data)).resolve()
+        cfg = yaml.safe_load(yaml_file.read_text()) or {}
+        base = str(cfg.get("path") or "")
+        if not base:
+            roots = [yaml_file.parent]
+        elif Path(base).expanduser().is_absolute():
+            roots = [Path(base).expanduser()]
+        else:
+            roots = [yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]
+    except Exception:  # an unresolvable dataset only means: use the generated test scene
         return None
-    roots = []
-    base = cfg.get("path")
-    for parent in filter(None, (datasets_dir, "datasets", cfg_path.parent, Path.cwd())):
-        roots.append(Path(parent) / base if base else Path(parent))
-    if base:
-        roots.insert(0, Path(base))
     for split in ("val", "train", "test"):
         entries = cfg.get(split)
         for entry in entries if isinstance(entries, list) else [entries]:
             if not entry:
                 continue
             for root in roots:
-                candidate = Path(entry) if Path(entry).is_absolute() else root / entry
-                if candidate.is_dir():
-                    images = sorted(p for p in candidate.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-                    if images:
-                        return images[0]
-                elif candidate.is_file() and candidate.suffix.lower() in IMAGE_SUFFIXES:
-                    return candidate
+                found = _first_image(Path(entry).expanduser() if Path(entry).expanduser().is_absolute() else root / entry)
+                if found is not None:
+                    return found
+    return None
+
+
+def _first_image(candidate: Path) -> Path | None:
+    if candidate.is_dir():
+        return next((p for p in sorted(candidate.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES), None)
+    if candidate.is_file() and candidate.suffix.lower() in IMAGE_SUFFIXES:
+        return candidate
+    if candidate.is_file() and candidate.suffix.lower() == ".txt":
+        for line in candidate.read_text().splitlines()[:100]:
+            path = Path(line.strip())
+            path = path if path.is_absolute() else candidate.parent / path
+            if line.strip() and path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+                return path
     return None
 
 

@@ -20,6 +20,7 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
+from yolo_cb.data.transforms import letterbox
 from yolo_cb.engine.backend import Backend, load_backend
 from yolo_cb.engine.results import Results
 from yolo_cb.utils.log import LOGGER
@@ -27,36 +28,6 @@ from yolo_cb.utils.log import LOGGER
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".dng", ".pfm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpeg", ".mpg", ".wmv", ".webm", ".gif")
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
-
-
-def _letterbox(img: np.ndarray, new_shape=(640, 640), color=(114, 114, 114), auto=False, stride=32, scaleup=True, center=True):
-    """Fallback letterbox (same contract as yolo_cb.data.transforms.letterbox): resize keeping aspect, pad to new_shape."""
-    h, w = img.shape[:2]
-    new_h, new_w = (new_shape, new_shape) if isinstance(new_shape, int) else new_shape
-    r = min(new_h / h, new_w / w)
-    if not scaleup:
-        r = min(r, 1.0)
-    rw, rh = int(round(w * r)), int(round(h * r))
-    dw, dh = new_w - rw, new_h - rh
-    if auto:
-        dw, dh = dw % stride, dh % stride
-    if center:
-        dw, dh = dw / 2, dh / 2
-    if (w, h) != (rw, rh):
-        img = cv2.resize(img, (rw, rh), interpolation=cv2.INTER_LINEAR)
-    top, bottom = (int(round(dh - 0.1)), int(round(dh + 0.1))) if center else (0, int(dh))
-    left, right = (int(round(dw - 0.1)), int(round(dw + 0.1))) if center else (0, int(dw))
-    img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
-    return img, r, (left, top)
-
-
-def letterbox(img: np.ndarray, new_shape=(640, 640), **kwargs):
-    """yolo_cb.data.transforms.letterbox when available, else the local fallback; -> (img, ratio, (pad_w, pad_h))."""
-    try:
-        from yolo_cb.data.transforms import letterbox as data_letterbox
-    except ImportError:
-        data_letterbox = _letterbox
-    return data_letterbox(img, new_shape=new_shape, **kwargs)
 
 
 def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False, stride: int = 32) -> tuple[torch.Tensor, tuple]:
@@ -194,11 +165,11 @@ class Predictor:
         self.run_callbacks("on_predict_start")
         try:
             for batch in self._batches(frames, backend.batch or 1):
-                paths, images, frame_ids = (list(v) for v in zip(*batch))
+                paths, images, frame_ids = (list(v) for v in zip(*batch, strict=True))
                 self.batch = (paths, images)
                 self.run_callbacks("on_predict_batch_start")
                 t0 = time.perf_counter()
-                tensors, ratio_pads = zip(*(preprocess(img, self.imgsz, auto=False, stride=backend.stride) for img in images))
+                tensors, ratio_pads = zip(*(preprocess(img, self.imgsz, auto=False, stride=backend.stride) for img in images), strict=True)
                 x = torch.stack(tensors).to(backend.device)
                 t1 = time.perf_counter()
                 preds = backend(x)
@@ -233,7 +204,7 @@ class Predictor:
         args = self.args
         dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes)
         results = []
-        for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads):
+        for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads, strict=True):
             det = scale_boxes(det.cpu(), ratio_pad, img.shape[:2]) if len(det) else det.cpu().reshape(0, 6)
             results.append(Results(img, path, self.backend.names, boxes=det, frame=frame))
         return results

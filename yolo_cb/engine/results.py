@@ -141,7 +141,7 @@ class Results:
     def save_txt(self, path: str | Path, save_conf: bool = False) -> str:
         """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf]', coordinates normalised to [0, 1]."""
         lines = []
-        for (cx, cy, w, h), score, cls in zip(self.boxes.xywhn.tolist(), self.boxes.conf.tolist(), self.boxes.cls.tolist()):
+        for (cx, cy, w, h), score, cls in zip(self.boxes.xywhn.tolist(), self.boxes.conf.tolist(), self.boxes.cls.tolist(), strict=True):
             line = f"{int(cls)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
             lines.append(line + (f" {score:.6f}" if save_conf else ""))
         path = Path(path)

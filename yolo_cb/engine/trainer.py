@@ -485,7 +485,6 @@ class Trainer:
         rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
         if rows:
             LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
-        LOGGER.info(f"results saved to {self.save_dir}")
 
 
 def threading_main() -> bool:

@@ -1,0 +1,45 @@
+"""`make demo`: the whole user journey on the built-in, offline `shapes` dataset.
+
+Trains a small YOLOX-nano for a few epochs (the last two after the YOLOX stage switch), validates
+best.pt, exports it to ONNX (verified against PyTorch), predicts on validation images, and prints
+where everything is.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from yolo_cb import YOLO
+from yolo_cb.data.resolve import check_data
+
+PROJECT = Path("runs/demo")
+SETTINGS = dict(data="shapes.yaml", imgsz=256, epochs=5, no_aug_epochs=2, batch=16, workers=2, project=str(PROJECT / "train"),
+                name="shapes", exist_ok=True, plots=True)
+
+
+def main() -> int:
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_fit_epoch_end", lambda t: print(f"[demo callback] epoch {t.epoch + 1}: mAP50-95 {t.metrics.get('metrics/mAP50-95(B)', 0):.3f}"))
+    model.train(**SETTINGS)
+    trainer = model.trainer
+    metrics = model.val(data="shapes.yaml", imgsz=256, project=str(PROJECT / "val"), name="shapes", exist_ok=True)
+    onnx_path = model.export(format="onnx", imgsz=256)
+    val_images = check_data("shapes.yaml")["val"][0]
+    results = model.predict(source=val_images, imgsz=256, project=str(PROJECT / "predict"), name="shapes", exist_ok=True, save_txt=True)
+    predict_dir = Path(results[0].save_dir) if results and getattr(results[0], "save_dir", None) else PROJECT / "predict" / "shapes"
+    save_dir = Path(trainer.save_dir)
+    print("\n=== yolo-cb demo: where the results are ===")
+    print(f"weights        {save_dir / 'weights' / 'best.pt'}  (and last.pt)")
+    print(f"results.csv    {save_dir / 'results.csv'}  (results.png beside it)")
+    print(f"plots          {save_dir}/*.png, train_batch*.jpg, val_batch0_*.jpg")
+    print(f"tensorboard    tensorboard --logdir {save_dir}")
+    print(f"mlflow         mlflow ui --backend-store-uri {Path(trainer.args.project or 'runs/train').resolve() / 'mlruns'}")
+    print(f"val            mAP50-95 {metrics.get('metrics/mAP50-95(B)', 0):.3f}, plots in {PROJECT / 'val' / 'shapes'}")
+    print(f"onnx           {onnx_path}")
+    print(f"predictions    {predict_dir} ({len(results)} images)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

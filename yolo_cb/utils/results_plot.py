@@ -1,0 +1,39 @@
+"""results.png: one small panel per numeric column of results.csv, against epoch."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def plot_results(csv_path: Path) -> Path | None:
+    """Draw results.png beside results.csv; returns its path (None when there is nothing to draw)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        return None
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    columns = [c for c in rows[0] if c not in ("epoch", "time")]
+    epochs = [float(r["epoch"]) for r in rows]
+    cols = 5
+    lines = max(1, -(-len(columns) // cols))
+    fig, axes = plt.subplots(lines, cols, figsize=(3 * cols, 2.4 * lines), squeeze=False)
+    for ax, column in zip(axes.flat, columns):
+        values = [float(r[column]) if r.get(column) not in (None, "") else float("nan") for r in rows]
+        ax.plot(epochs, values, marker=".", linewidth=1.5)
+        ax.set_title(column, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(columns):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = csv_path.with_name("results.png")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
