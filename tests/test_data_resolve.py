@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import os
 import threading
 import zipfile
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_relative_path_found_next_to_yaml_then_under_datasets_dir(tmp_path, monk
 
 
 def test_bundled_coco8_resolves_against_shared_copy():
-    shared = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    shared = Path(os.environ.get("YOLO_CB_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "datasets"
     if not (shared / "coco8").is_dir():
         pytest.skip("shared coco8 not available")
     out = check_data("coco8.yaml", datasets_dir=str(shared))  # finds it: no download, nothing written

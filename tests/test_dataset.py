@@ -122,18 +122,30 @@ def test_label_cache_reused_then_rebuilt(tmp_path, monkeypatch, log):
     assert load().report["from_cache"]
 
 
-def test_unwritable_cache_folder_warns_once(tmp_path, monkeypatch, log):
+def test_read_only_or_unwritable_folders_skip_writing_with_one_warning(tmp_path, monkeypatch, log):
     images = copy_shapes(tmp_path, n=3)
+    monkeypatch.setattr(verify, "_unwritable_warned", set())
+    labels_parent, image_folder = tmp_path / "labels", images
+    for folder in (labels_parent, image_folder):
+        folder.chmod(0o555)  # read-only (root could still write: the mode bits are honoured anyway)
+    try:
+        for _ in range(2):
+            assert len(YOLODataset(str(images), 160, NAMES, False, hyp(), cache="disk")) == 3
+    finally:
+        for folder in (labels_parent, image_folder):
+            folder.chmod(0o755)
+    assert log.text.count("label cache not saved") == 1 and "cache=disk needs writable image folders" in log.text
+    assert not list(tmp_path.rglob("*.cache")) and not list(tmp_path.rglob("*.npy"))
 
     def refuse(path, text):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("yolo_cb.utils.files.atomic_write_text", refuse)
     monkeypatch.setattr(verify, "_unwritable_warned", set())
+    log.clear()
     for _ in range(2):
-        ds = YOLODataset(str(images), 160, NAMES, False, hyp())
-        assert len(ds) == 3
-    assert log.text.count("label cache not saved") == 1
+        assert len(YOLODataset(str(images), 160, NAMES, False, hyp())) == 3
+    assert log.text.count("label cache not saved") == 1 and "Permission denied" in log.text
 
 
 def test_split_without_usable_images_names_the_split(tmp_path, log):

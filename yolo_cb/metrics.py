@@ -178,12 +178,18 @@ class DetMetrics:
         T = len(self.iou_thrs)
         tp_all = np.zeros((len(ps), T), dtype=bool)
         scores, classes, tps = [], [], []
-        for c in np.unique(np.concatenate((pc, gc))):
-            di = np.nonzero(pc == c)[0]
+        by_class = np.argsort(pc, kind="stable")  # detection indices grouped by class, in input order
+        classes_present, starts = np.unique(pc[by_class], return_index=True)
+        groups = dict(zip(classes_present.tolist(), np.split(by_class, starts[1:]), strict=True)) if len(pc) else {}
+        gt_classes = set(gc.tolist())
+        for c in sorted(set(groups) | gt_classes):
+            di = groups.get(c, np.zeros(0, dtype=int))
             di = di[np.argsort(-ps[di], kind="mergesort")][: self.max_det]
-            gi = np.nonzero(gc == c)[0]
-            tp = match_coco(coco_iou(pb[di], gb[gi]), self.iou_thrs)
-            tp_all[di] = tp
+            if c in gt_classes and len(di):
+                tp = match_coco(coco_iou(pb[di], gb[gc == c]), self.iou_thrs)
+                tp_all[di] = tp
+            else:  # no GT of this class here: every detection is a false positive
+                tp = np.zeros((len(di), T), dtype=bool)
             scores.append(ps[di])
             classes.append(np.full(len(di), c))
             tps.append(tp)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from yolo_cb.data.transforms import build_transforms
-from yolo_cb.data.verify import list_image_files, load_labels
+from yolo_cb.data.verify import folder_is_writable, list_image_files, load_labels
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -124,6 +124,14 @@ class YOLODataset(torch.utils.data.Dataset):
     def cache_images(self):
         """Decode (and resize) every image once: into RAM, or as .npy beside each image for 'disk'."""
         from tqdm import tqdm
+
+        if self.cache_mode == "disk":
+            folders = {Path(lb["im_file"]).parent for lb in self.labels}
+            read_only = sorted(str(f) for f in folders if not folder_is_writable(f))
+            if read_only:
+                LOGGER.warning(f"{self.prefix}cache=disk needs writable image folders; {read_only[0]} is read-only: not caching")
+                self.cache_mode = None
+                return
 
         def work(i):
             if self.cache_mode == "ram":

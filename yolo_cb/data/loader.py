@@ -22,14 +22,20 @@ def collate_fn(samples: list[dict]) -> dict:
     in pixels of ``img``; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))]
     mapping ``img`` back to the original image with ``(xy - pad) / ratio``.
     """
-    img = torch.stack([s["img"] for s in samples]).contiguous()
-    targets = [
-        torch.cat([torch.full((len(s["cls"]), 1), float(i)), s["cls"].float().view(-1, 1), s["bboxes"].float().view(-1, 4)], 1)
-        for i, s in enumerate(samples)
-    ]
+    # copied with numpy: torch.stack on uint8 goes through OpenMP, which crawls on a busy 2-core machine
+    shape = tuple(samples[0]["img"].shape)
+    img = torch.empty((len(samples), *shape), dtype=torch.uint8)
+    buffer = img.numpy()
+    rows = []
+    for i, s in enumerate(samples):
+        if tuple(s["img"].shape) != shape:
+            raise ValueError(f"images in one batch must share a shape: {s['im_file']} is {tuple(s['img'].shape)}, not {shape}")
+        buffer[i] = s["img"].numpy()
+        n = len(s["cls"])
+        rows.append(np.concatenate([np.full((n, 1), i), s["cls"].numpy().reshape(n, 1), s["bboxes"].numpy().reshape(n, 4)], 1))
     return {
         "img": img,
-        "targets": torch.cat(targets, 0) if targets else torch.zeros((0, 6)),
+        "targets": torch.from_numpy(np.concatenate(rows).astype(np.float32)),
         "im_files": [s["im_file"] for s in samples],
         "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
         "ratio_pad": [s["ratio_pad"] for s in samples],

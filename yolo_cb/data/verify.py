@@ -217,16 +217,32 @@ def read_cache(path: Path, expected_hash: str, im_files: list[str]) -> list[dict
     return entries
 
 
+def folder_is_writable(folder: Path) -> bool:
+    """Writable for this process *and* not marked read-only: a folder without any write bit counts as
+    read-only even for root (who could write to it anyway), so shared read-only datasets stay untouched."""
+    try:
+        return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
+def warn_unwritable(folder: Path, what: str, reason: str = "read-only") -> None:
+    """Warn once per folder that ``what`` is not saved there."""
+    if str(folder) not in _unwritable_warned:
+        _unwritable_warned.add(str(folder))
+        LOGGER.warning(f"{what} not saved: {folder} is not writable ({reason})")
+
+
 def write_cache(path: Path, file_hash: str, entries: list[dict]) -> None:
-    """Write the cache atomically; an unwritable folder is warned about once and skipped."""
+    """Write the cache atomically; an unwritable or read-only folder is warned about once and skipped."""
     from yolo_cb.utils.files import atomic_write_text
 
+    if not folder_is_writable(path.parent):
+        return warn_unwritable(path.parent, "label cache")
     try:
         atomic_write_text(path, json.dumps({"version": CACHE_VERSION, "hash": file_hash, "entries": entries}))
     except OSError as e:
-        if str(path.parent) not in _unwritable_warned:
-            _unwritable_warned.add(str(path.parent))
-            LOGGER.warning(f"label cache not saved: {path.parent} is not writable ({e.strerror or e})")
+        warn_unwritable(path.parent, "label cache", e.strerror or str(e))
 
 
 def verify_all(im_files: list[str], lb_files: list[str], nc: int, prefix: str = "", workers: int | None = None) -> list[dict]:

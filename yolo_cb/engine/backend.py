@@ -173,6 +173,8 @@ class ONNXBackend(Backend):
             device = torch.device("cpu")
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map)
         inp = self.session.get_inputs()[0]

@@ -76,6 +76,7 @@ class Trainer:
         self.batch_instances = 0
         self.batch_size_px = args.imgsz
         self.setup_done = False
+        self.completed_epoch = -1  # last epoch whose batches all ran (what a checkpoint's `epoch` means)
         self._signal: int | None = None
         self._nonfinite_in_a_row = 0
         self._t0 = time.time()
@@ -112,13 +113,15 @@ class Trainer:
                 self._train_epoch()
                 if self._signal is not None:
                     raise KeyboardInterrupt if self._signal == signal.SIGINT else SystemExit(SIGNAL_EXIT[self._signal])
+                self.completed_epoch = epoch
                 self._validate_and_save()
                 self.run_callbacks("on_fit_epoch_end")
                 self.stop = distributed.any_rank(self.stop, self._flag_device)
                 if self.stop:
                     LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                     break
-                self._update_lr(epoch + 1)
+                if epoch + 1 < self.epochs:
+                    self._update_lr(epoch + 1)
             self._final_validation()
             self.run_callbacks("on_train_end")
             self._log_callback_stats()
@@ -409,7 +412,7 @@ class Trainer:
         if not (self.setup_done and self.is_main and self.args.save):
             return
         try:
-            save_checkpoint(self.checkpoint_dict(epoch=self.epoch - 1), self.wdir / "last.pt")
+            save_checkpoint(self.checkpoint_dict(epoch=self.completed_epoch), self.wdir / "last.pt")
             LOGGER.info(f"saved {self.wdir / 'last.pt'} (resume with: yolo-cb train resume={self.wdir / 'last.pt'})")
         except Exception as error:  # the original error matters more than this one
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
@@ -447,6 +450,7 @@ class Trainer:
         if ckpt.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(ckpt["scaler"])
         self.start_epoch = int(ckpt["epoch"]) + 1
+        self.completed_epoch = self.start_epoch - 1
         self.best_fitness = ckpt.get("best_fitness")
         self.fitness = ckpt.get("fitness")
         self.metrics = dict(ckpt.get("metrics") or {})

@@ -15,7 +15,6 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -76,41 +75,48 @@ class Validator:
         self.coco_stats: list[float] | None = None
         self.coco_metrics: dict[str, float] = {}
         self.jdict: list[dict] = []
+        self._modes: dict = {}
+        self._grad_ctx = torch.inference_mode
 
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
 
     # --- setup ------------------------------------------------------------------------------
-    def _setup_trainer(self, trainer) -> tuple[Any, dict]:
+    def _setup_trainer(self, trainer):
+        """The EMA (else the training) model, unwrapped from DDP, put in eval; the trainer's loader, data and run dir."""
         model = trainer.ema.ema if getattr(trainer, "ema", None) else trainer.model
         model = model.module if hasattr(model, "module") else model
         self.training = True
+        # The live training model is validated under no_grad, not inference_mode: tensors a module caches during an
+        # inference-mode forward (e.g. anchor grids) could not be saved for backward in the next training step.
+        self._grad_ctx = torch.inference_mode if getattr(trainer, "ema", None) else torch.no_grad
         self.device = torch.device(trainer.device) if not isinstance(trainer.device, torch.device) else trainer.device
         self.dataloader = getattr(trainer, "test_loader", None) or self.dataloader
         self.data = trainer.data
         self.names = {int(k): str(v) for k, v in trainer.data["names"].items()}
         self.save_dir = Path(trainer.save_dir) if getattr(trainer, "save_dir", None) else self.save_dir
-        was_training = _modes(model)
+        self._modes = _modes(model)
         model.eval()
-        return model, was_training
+        return model
 
-    def _setup_standalone(self, model) -> tuple[Any, dict]:
+    def _setup_standalone(self, model):
+        """A Backend for `model` (or args.model); the loader from args.data unless one was given; the run dir."""
         from torch import nn
 
         from yolo_cb.engine.backend import load_backend
 
         args = self.args
         self.training = False
+        self._grad_ctx = torch.inference_mode
         model = model if model is not None else args.model
         if model is None or model == "":
             raise ValueError("Validator needs a model: pass model=... (a .pt / .onnx / .torchscript file or an nn.Module)")
-        module = model if isinstance(model, nn.Module) else None
-        was_training = _modes(module) if module is not None else {}
-        if module is not None:
-            module.eval()
+        if isinstance(model, nn.Module):
+            self._modes = _modes(model)
+            model.eval()
         backend = load_backend(model, device=args.device, fp16=bool(args.half))
         self.device = backend.device
-        model_name = backend.path or (type(model).__name__ if module is not None else str(model))
+        model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
             self.dataloader = self._build_loader(backend)
             data_nc, data_file = self.data["nc"], self.data["yaml_file"]
@@ -123,8 +129,7 @@ class Validator:
                              f"has {data_nc} (nc={data_nc}); validate with the dataset the model was trained on")
         if self.save_dir is None:
             self.save_dir = run_dir(args, "val")
-        self._module, self._module_was_training = module, was_training
-        return backend, {}
+        return backend
 
     def _build_loader(self, backend):
         from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
@@ -162,51 +167,15 @@ class Validator:
 
     # --- the run ----------------------------------------------------------------------------
     def __call__(self, trainer=None, model=None) -> dict[str, float]:
-        self._module, self._module_was_training = None, {}
-        if trainer is not None:
-            model, was_training = self._setup_trainer(trainer)
-        else:
-            model, was_training = self._setup_standalone(model)
-        self.model = model
-        self.nc = len(self.names)
-        args = self.args
-        self.conf = VAL_CONF if args.conf is None else float(args.conf)
-        self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
-        self.confusion_matrix = ConfusionMatrix(self.nc)
-        self.det_metrics = DetMetrics(self.nc, self.names)
-        loss_sums = dict.fromkeys(LOSS_KEYS, 0.0)
-        times = dict.fromkeys(("preprocess", "inference", "loss", "postprocess"), 0.0)
-        n_batches = 0
-        self.run_callbacks("on_val_start")
+        """Validate `trainer`'s model (with val losses) or `model` (path / Module / Backend); returns the metrics dict."""
+        self._modes: dict = {}  # submodule -> training flag, restored afterwards
         try:
-            with torch.inference_mode():
-                for batch_i, batch in enumerate(self.dataloader):
-                    self.batch_i, self.batch = batch_i, batch
-                    self.run_callbacks("on_val_batch_start")
-                    t0 = time.perf_counter()
-                    img = batch["img"].to(self.device, non_blocking=True).float() / 255
-                    _sync(self.device)
-                    t1 = time.perf_counter()
-                    if self.training:
-                        preds, losses = self._forward_with_loss(model, img, batch["targets"].to(self.device))
-                        for key in LOSS_KEYS:
-                            value = losses.get(key, 0.0)
-                            loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
-                    else:
-                        preds = self._infer(model, img)
-                    _sync(self.device)
-                    t2 = time.perf_counter()
-                    self.preds = self.postprocess(preds)
-                    self.update_metrics(self.preds, batch)
-                    t3 = time.perf_counter()
-                    times["preprocess"] += t1 - t0
-                    times["inference"] += t2 - t1
-                    times["postprocess"] += t3 - t2
-                    n_batches += 1
-                    self.run_callbacks("on_val_batch_end")
+            model = self._setup_trainer(trainer) if trainer is not None else self._setup_standalone(model)
+            self.model = model
+            n_batches, loss_sums, times = self._run(model)
         finally:
-            _restore(was_training if trainer is not None else self._module_was_training)
-        self.speed = {k: 1000 * v / max(self.seen, 1) for k, v in times.items() if k != "loss"}
+            _restore(self._modes)
+        self.speed = {k: 1000 * v / max(self.seen, 1) for k, v in times.items()}
         self.finalize()
         if self.training:
             self.metrics.update({f"val/{k}_loss": v / max(n_batches, 1) for k, v in loss_sums.items()})
@@ -214,6 +183,45 @@ class Validator:
         self.save_outputs()
         self.run_callbacks("on_val_end")
         return dict(self.metrics)
+
+    def _run(self, model) -> tuple[int, dict, dict]:
+        """The batch loop: preprocess, forward (+ loss in trainer mode), NMS, matching; fires the batch events."""
+        self.nc = len(self.names)
+        args = self.args
+        self.conf = VAL_CONF if args.conf is None else float(args.conf)
+        self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
+        self.confusion_matrix = ConfusionMatrix(self.nc)
+        self.det_metrics = DetMetrics(self.nc, self.names)
+        loss_sums = dict.fromkeys(LOSS_KEYS, 0.0)
+        times = dict.fromkeys(("preprocess", "inference", "postprocess"), 0.0)
+        n_batches = 0
+        self.run_callbacks("on_val_start")
+        with self._grad_ctx():
+            for batch_i, batch in enumerate(self.dataloader):
+                self.batch_i, self.batch = batch_i, batch
+                self.run_callbacks("on_val_batch_start")
+                t0 = time.perf_counter()
+                img = batch["img"].to(self.device, non_blocking=True).float() / 255
+                _sync(self.device)
+                t1 = time.perf_counter()
+                if self.training:
+                    preds, losses = self._forward_with_loss(model, img, batch["targets"].to(self.device))
+                    for key in LOSS_KEYS:
+                        value = losses.get(key, 0.0)
+                        loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
+                else:
+                    preds = self._infer(model, img)
+                _sync(self.device)
+                t2 = time.perf_counter()
+                self.preds = self.postprocess(preds)
+                self.update_metrics(self.preds, batch)
+                t3 = time.perf_counter()
+                times["preprocess"] += t1 - t0
+                times["inference"] += t2 - t1
+                times["postprocess"] += t3 - t2
+                n_batches += 1
+                self.run_callbacks("on_val_batch_end")
+        return n_batches, loss_sums, times
 
     def _forward_with_loss(self, model, img: torch.Tensor, targets: torch.Tensor):
         """Eval-mode model(img, targets) -> (preds, loss_dict); a model returning only the loss dict is run twice."""

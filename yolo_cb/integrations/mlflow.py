@@ -1,0 +1,272 @@
+"""MLflow (mlflow=True): the resolved settings, per-epoch losses/learning rates/metrics and the run's files.
+
+Where it logs (first match):
+1. an MLflow run already active in this process (`mlflow.start_run()` before `train()`): reused, and left open;
+2. MLFLOW_TRACKING_URI (also set by `mlflow.set_tracking_uri()`), e.g. http://127.0.0.1:5000;
+3. a local store with no server: `<project or runs/train>/mlruns/mlflow.db` (SQLite) with artifacts in
+   `<project or runs/train>/mlruns/artifacts` — view it with `mlflow ui --backend-store-uri sqlite:///<that path>`.
+Experiment: MLFLOW_EXPERIMENT_NAME, else the basename of `project`, else "yolo-cb". Run name: MLFLOW_RUN, else the
+run dir name. A resumed training continues its MLflow run (the run id is stored in the checkpoint).
+
+Logged: every setting as a param (on_pretrain_routine_end); each epoch (on_fit_epoch_end, step = 0-based epoch) the
+train losses, learning rates and — for epochs that validated — the metrics, with keys made MLflow-safe
+(`metrics/mAP50-95(B)` -> `metrics/mAP50-95B`); visualisation JPEGs as they appear; at on_train_end best.pt, last.pt
+(under weights/), results.csv, args.yaml, plots (png/jpg) and any .onnx. The run ends FINISHED after training, FAILED on
+an error, KILLED on Ctrl-C / SIGTERM. An unreachable server or any MLflow failure gives one warning and switches
+MLflow off for the rest of the run; training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import socket
+import time
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.utils.log import LOGGER
+
+# Applied only around our own MLflow calls, and only when the user has not set them: fail in seconds, not minutes.
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+CONNECT_TIMEOUT_S = 3.0  # the up-front reachability check of an http(s) tracking server
+QUIET_LOGGERS = ("mlflow", "alembic")  # their INFO lines (database creation, migrations) are muted during our calls
+MAX_PARAM_CHARS = 6000  # MLflow's limit for a param value
+BATCH = 100  # params per log_batch request (MLflow's limit)
+ROOT_FILES = ("results.csv", "args.yaml", "*.png", "*.jpg", "*.onnx")
+WEIGHT_FILES = ("best.pt", "last.pt", "*.onnx")
+
+
+class MLflowUnavailable(RuntimeError):
+    """The tracking server cannot be reached."""
+
+
+def safe_key(key: str) -> str:
+    """An MLflow-valid metric/param name: brackets dropped, other characters outside [/\\w.\\- ] become '_'."""
+    return re.sub(r"[^/\w.\- ]", "_", re.sub(r"[()\[\]{}]", "", str(key)))
+
+
+def local_store(project: str | None) -> tuple[str, str]:
+    """(tracking URI, artifact root URI) of the server-less store under `project` (default runs/train)."""
+    root = (Path(project) if project else Path("runs") / "train").resolve() / "mlruns"
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
+
+
+def check_reachable(uri: str) -> None:
+    """Raise MLflowUnavailable when an http(s) tracking URI does not accept a TCP connection within a few seconds."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as error:
+        raise MLflowUnavailable(f"tracking server {uri} is unreachable ({type(error).__name__}: {error})") from error
+
+
+@contextlib.contextmanager
+def quiet_mlflow():
+    """Short HTTP retries/timeouts (unless set by the user), MLflow/alembic INFO lines and warnings muted; all restored after."""
+    added = [k for k in HTTP_ENV if k not in os.environ]
+    for key in added:
+        os.environ[key] = HTTP_ENV[key]
+    loggers = [(logging.getLogger(name), logging.getLogger(name).level) for name in QUIET_LOGGERS]
+    for logger, _ in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in loggers:
+            logger.setLevel(level)
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text[:300]}" if not isinstance(error, MLflowUnavailable) else text
+
+
+@register_callback("mlflow")
+class MLflow:
+    """Logs a training to MLflow (main process only); see the module docstring."""
+
+    def __init__(self):
+        if importlib.util.find_spec("mlflow") is None:
+            raise ImportError("MLflow logging needs the mlflow package: pip install mlflow")
+        self.client = None
+        self.run_id: str | None = None
+        self.tracking_uri: str | None = None
+        self.owns_run = False  # we created (or reopened) the run, so we end it
+        self.off = False  # switched off after a failure (one warning)
+        self.validated = False
+        self.images = None
+        self.uploaded: set[str] = set()
+        self.resume_state: dict = {}
+
+    # --- checkpoint state: a resumed training continues its run ----------------------------
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id, "tracking_uri": self.tracking_uri} if self.run_id and self.owns_run else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_state = dict(state or {})
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def _call(self, fn, *args):
+        """Run one MLflow step; on failure warn once, switch MLflow off, never raise."""
+        if self.off:
+            return None
+        try:
+            with quiet_mlflow():
+                return fn(*args)
+        except Exception as error:
+            self.off = True
+            LOGGER.warning(f"WARNING MLflow: {_short(error)}; MLflow logging is off for the rest of this run (training goes on)")
+            return None
+
+    # --- start -------------------------------------------------------------------------------
+    def on_pretrain_routine_end(self, trainer):
+        if trainer.is_main:
+            self._call(self._start, trainer)
+
+    def _start(self, trainer) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        from yolo_cb.integrations.visualize import ImageTracker
+
+        active = mlflow.active_run()
+        artifact_root = None
+        if active is not None:
+            uri = mlflow.get_tracking_uri()
+        elif os.environ.get("MLFLOW_TRACKING_URI"):
+            uri = os.environ["MLFLOW_TRACKING_URI"]
+        else:
+            uri, artifact_root = local_store(trainer.args.project)
+        check_reachable(uri)
+        client = MlflowClient(uri)
+        if active is not None:
+            run_id, how = active.info.run_id, "the active run"
+        else:
+            run_id, how = self._reopen(client, uri), "resumed run"
+            if run_id is None:
+                run_id, how = self._create_run(client, trainer, artifact_root), "new run"
+        self.client, self.run_id, self.tracking_uri, self.owns_run = client, run_id, uri, active is None
+        self.images = ImageTracker()
+        self._log_params(trainer)
+        run = client.get_run(run_id)
+        experiment = client.get_experiment(run.info.experiment_id)
+        where = f"{uri.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{run_id}" if uri.startswith("http") else \
+            f"{uri} (view: mlflow ui --backend-store-uri {uri})"
+        LOGGER.info(f"MLflow: logging to {how} '{run.info.run_name}' of experiment '{experiment.name}' at {where}")
+
+    def _reopen(self, client, uri: str) -> str | None:
+        """The run of the checkpoint being resumed, set RUNNING again, if it is in this store."""
+        run_id = self.resume_state.get("run_id")
+        if not run_id or self.resume_state.get("tracking_uri") != uri:
+            return None
+        try:
+            client.get_run(run_id)
+        except Exception:  # deleted, or another store: start a new run
+            return None
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+
+    def _create_run(self, client, trainer, artifact_root: str | None) -> str:
+        project = trainer.args.project
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or (Path(str(project)).name if project else "") or "yolo-cb"
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            experiment_id = client.create_experiment(name, artifact_location=artifact_root)
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment_id)
+        run_name = os.environ.get("MLFLOW_RUN") or Path(trainer.save_dir).name
+        return client.create_run(experiment_id, run_name=run_name, tags={"mlflow.source.name": "yolo-cb"}).info.run_id
+
+    def _log_params(self, trainer) -> None:
+        """Every setting as a param; keys the run already has (a resume, a reused run) are left as they are."""
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        params = [Param(safe_key(k), str(v)[:MAX_PARAM_CHARS]) for k, v in sorted(trainer.args.as_dict().items()) if safe_key(k) not in existing]
+        for i in range(0, len(params), BATCH):
+            self.client.log_batch(self.run_id, params=params[i : i + BATCH])
+
+    # --- per epoch ---------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer):
+        self.validated = False
+
+    def on_val_end(self, validator):
+        self.validated = True
+
+    def on_fit_epoch_end(self, trainer):
+        if self.run_id is not None:
+            self._call(self._log_epoch, trainer)
+
+    def _log_epoch(self, trainer) -> None:
+        from mlflow.entities import Metric
+
+        values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
+        if self.validated:
+            values.update(trainer.metrics)
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(safe_key(k), float(v), stamp, int(trainer.epoch)) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        for path in self.images.new_images(trainer.save_dir):
+            self._upload(path, None)
+
+    def _upload(self, path: Path, artifact_path: str | None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.uploaded.add(f"{artifact_path or ''}/{path.name}")
+
+    # --- end ---------------------------------------------------------------------------------
+    def on_train_end(self, trainer):
+        if self.run_id is None:
+            return
+        self._call(self._log_files, trainer)
+        self._end("FINISHED")
+
+    def _log_files(self, trainer) -> None:
+        save_dir = Path(trainer.save_dir)
+        for folder, patterns, artifact_path in ((save_dir, ROOT_FILES, None), (save_dir / "weights", WEIGHT_FILES, "weights")):
+            for path in sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()}):
+                if path.suffix == ".jpg" and f"{artifact_path or ''}/{path.name}" in self.uploaded:
+                    continue  # a visualisation image already sent at its epoch
+                self._upload(path, artifact_path)
+
+    def on_exception(self, trainer):
+        if self.run_id is None:
+            return
+        error = trainer.exception
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        if status == "FAILED":
+            self._call(lambda: self.client.set_tag(self.run_id, "yolo_cb.error", f"{type(error).__name__}: {error}"[:5000]))
+        self._end(status)
+
+    def teardown(self, trainer):
+        if self.run_id is not None:
+            self._end("FAILED" if trainer.exception is not None else "FINISHED")
+
+    def _end(self, status: str) -> None:
+        """End the run we own with `status` (once); a reused active run is left to its owner."""
+        run_id, self.run_id = self.run_id, None
+        if not self.owns_run or self.client is None or run_id is None:
+            return
+        try:
+            with quiet_mlflow():
+                self.client.set_terminated(run_id, status)
+        except Exception as error:
+            if not self.off:  # keep it to one warning per run
+                LOGGER.warning(f"WARNING MLflow: could not end run {run_id} as {status} ({_short(error)})")
+            self.off = True

@@ -1,0 +1,145 @@
+"""ONNX check (onnx_check=True|strict, onnx_check_tol): does the model still convert to ONNX faithfully?
+
+Twice per training: before the first epoch (on_pretrain_routine_end, the EMA/bare model) and on best.pt after the
+final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (same opset and
+simplification as `yolo-cb export`) to a temporary file, checked with onnx.checker, run in onnxruntime on a real
+image (the first validation image, letterboxed, float in [0, 1]) and every output compared with PyTorch:
+
+    ONNX check (pretrain): max abs 2.1e-06, max rel 3.4e-05 vs PyTorch — OK
+
+A failed export or a max abs difference above onnx_check_tol warns loudly (true) or raises (strict; the trainer
+registers the check with on_error="raise" then, so training fails before its first epoch). Temp files are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.utils.log import LOGGER
+
+
+class OnnxCheckError(RuntimeError):
+    """The model could not be exported to ONNX, or the ONNX model disagrees with PyTorch beyond onnx_check_tol."""
+
+
+def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict[str, float]:
+    """Export a fused eval copy of `model` to a temp ONNX file, check it, run it in onnxruntime on `image` (B, 3, H, W)
+    float in [0, 1] and compare every output with PyTorch: {max_abs, max_rel} over all outputs. Export errors propagate."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from yolo_cb.engine.exporter import compare, export_onnx
+
+    module = copy.deepcopy(model).cpu().float().eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    if hasattr(module, "fuse"):
+        module = module.fuse() or module
+    image = image.detach().cpu().float()
+    folder = tempfile.mkdtemp(prefix="yolo_cb_onnx_check_")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # torch prints the whole IR graph when an export fails
+            path = export_onnx(module, Path(folder) / "check.onnx", tuple(image.shape[-2:]), opset=opset, dynamic=False,
+                               simplify=simplify, batch=image.shape[0])
+        onnx.checker.check_model(str(path))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outputs = session.run(None, {session.get_inputs()[0].name: image.numpy().astype(np.float32)})
+        del session
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    with torch.no_grad():
+        reference = _flatten(module(image))
+    if len(outputs) != len(reference):
+        raise OnnxCheckError(f"the ONNX model has {len(outputs)} outputs, PyTorch {len(reference)}")
+    result = {"max_abs": 0.0, "max_rel": 0.0}
+    for out, ref in zip(outputs, reference):
+        diff = compare(out, ref)
+        result = {k: max(result[k], diff[k]) for k in result}
+    return result
+
+
+def _flatten(output) -> list:
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in _flatten(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in _flatten(item)]
+    return [output]
+
+
+@register_callback("onnx_check")
+class OnnxCheck:
+    """Checks ONNX conversion before training and on best.pt (main process only); see the module docstring."""
+
+    def __init__(self, strict: bool | None = None, tol: float | None = None):
+        self.strict, self.tol = strict, tol  # None: from the trainer's onnx_check / onnx_check_tol settings
+        self.image = None
+        self.results: dict[str, dict] = {}  # stage -> {max_abs, max_rel, ok} or {error, ok}
+
+    def on_pretrain_routine_end(self, trainer):
+        if not trainer.is_main:
+            return
+        from yolo_cb.engine.ema import unwrap
+
+        self.image = self._image(trainer)
+        model = trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
+        self.check(trainer, model, "pretrain")
+
+    def on_train_end(self, trainer):
+        best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
+        if not trainer.is_main or best is None or not best.is_file():
+            return
+        from yolo_cb.utils.checkpoint import model_from_checkpoint
+
+        if self.image is None:
+            self.image = self._image(trainer)
+        self.check(trainer, model_from_checkpoint(best), "best.pt")
+
+    def check(self, trainer, model, stage: str) -> dict:
+        """Run the round trip; log the figures; warn, or raise OnnxCheckError when strict, on a failure."""
+        args = trainer.args
+        strict = self.strict if self.strict is not None else args.onnx_check == "strict"
+        tol = float(self.tol if self.tol is not None else args.onnx_check_tol)
+        try:
+            result = onnx_roundtrip(model, self.image, opset=int(args.opset), simplify=bool(args.simplify))
+        except Exception as error:
+            self.results[stage] = {"error": f"{type(error).__name__}: {error}", "ok": False}
+            message = (f"ONNX check ({stage}): the model cannot be exported to ONNX ({type(error).__name__}: {str(error).strip()[:500]}); "
+                       f"`yolo-cb export format=onnx` will fail too")
+            self._fail(message, strict, error)
+            return self.results[stage]
+        ok = result["max_abs"] <= tol
+        self.results[stage] = {**result, "ok": ok}
+        figures = f"max abs {result['max_abs']:.2g}, max rel {result['max_rel']:.2g} vs PyTorch"
+        if ok:
+            LOGGER.info(f"ONNX check ({stage}): {figures} — OK")
+            return self.results[stage]
+        message = (f"ONNX check ({stage}): {figures} — max abs is above onnx_check_tol={tol:g}: the ONNX model does NOT "
+                   f"match PyTorch (look for ops that behave differently when traced, or Python-side computations)")
+        self._fail(message, strict, None)
+        return self.results[stage]
+
+    @staticmethod
+    def _fail(message: str, strict: bool, cause: BaseException | None) -> None:
+        if strict:
+            raise OnnxCheckError(f"{message} (onnx_check=strict)") from cause
+        LOGGER.warning(f"WARNING {message}. Set onnx_check=strict to fail training instead, or onnx_check=false to skip the check.")
+
+    @staticmethod
+    def _image(trainer):
+        """The first validation image as the loader prepares it (letterboxed), as float (1, 3, H, W) in [0, 1]."""
+        import torch
+
+        try:
+            return trainer.test_loader.dataset[0]["img"][None].float() / 255
+        except Exception as error:  # no usable validation image: a mid-grey image of the training size
+            LOGGER.debug(f"ONNX check: no validation image ({error}); using a grey image")
+            size = int(trainer.args.imgsz)
+            return torch.full((1, 3, size, size), 114 / 255)

@@ -1,0 +1,97 @@
+"""TensorBoard (tensorboard=True): event files in the run dir — scalars per epoch, the model graph, visualisation images.
+
+    tensorboard --logdir runs/train
+
+Scalars: train losses (train/iou_loss ...), learning rates (lr/pg0 ...) and, for epochs that validated, the
+validation metrics under their own keys (metrics/mAP50-95(B), val/iou_loss, fitness); step = the 0-based epoch.
+The graph is traced once from an eval copy of the model at the start (a failure only warns). Images: the
+visualisation JPEGs (plots=True) as they appear, tag = file name without the epoch (val_batch0_pred), step = epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import warnings
+
+from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.utils.log import LOGGER
+
+GRAPH_IMGSZ = 64  # side of the zero image the graph is traced with (any multiple of 32 gives the same graph)
+
+
+@register_callback("tensorboard")
+class TensorBoard:
+    """Writes TensorBoard event files into trainer.save_dir (main process only)."""
+
+    def __init__(self):
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ImportError("TensorBoard logging needs the tensorboard package: pip install tensorboard")
+        self.writer = None
+        self.validated = False
+        self.images = None
+
+    def on_pretrain_routine_end(self, trainer):
+        if not trainer.is_main:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        from yolo_cb.integrations.visualize import ImageTracker
+
+        self.writer = SummaryWriter(log_dir=str(trainer.save_dir))
+        self.images = ImageTracker()
+        LOGGER.info(f"TensorBoard: tensorboard --logdir {trainer.save_dir.parent} (view at http://localhost:6006/)")
+        self.add_graph(trainer)
+
+    def add_graph(self, trainer) -> None:
+        import torch
+
+        from yolo_cb.engine.ema import unwrap
+
+        try:
+            model = copy.deepcopy(unwrap(trainer.model)).float().cpu().eval()
+            image = torch.zeros(1, 3, GRAPH_IMGSZ, GRAPH_IMGSZ)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tracer warnings about constant grids are expected
+                # trace once ourselves: add_graph's own trace re-runs a sanity check that the cached decode grids fail
+                traced = torch.jit.trace(model, image, strict=False, check_trace=False)
+                self.writer.add_graph(traced, image, use_strict_trace=False)
+        except Exception as error:  # a graph is nice to have; never worth a run
+            LOGGER.warning(f"WARNING TensorBoard: the model graph could not be traced ({type(error).__name__}: {error}); scalars and images are still logged")
+
+    def on_train_epoch_start(self, trainer):
+        self.validated = False
+
+    def on_val_end(self, validator):
+        self.validated = True
+
+    def on_fit_epoch_end(self, trainer):
+        if self.writer is None:
+            return
+        values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
+        if self.validated:
+            values.update(trainer.metrics)
+        for key, value in values.items():
+            self.writer.add_scalar(key, float(value), trainer.epoch)
+        self.add_new_images(trainer)
+        self.writer.flush()
+
+    def add_new_images(self, trainer) -> None:
+        from yolo_cb.integrations.visualize import image_tag, read_rgb
+
+        for path in self.images.new_images(trainer.save_dir):
+            img = read_rgb(path)
+            if img is not None:
+                tag, step = image_tag(path, trainer.epoch)
+                self.writer.add_image(tag, img, step, dataformats="HWC")
+
+    def on_train_end(self, trainer):
+        self.close()
+
+    def teardown(self, trainer):
+        self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,82 @@
+"""Batch drawings for the visualisation callback: a grid of batch images with their boxes.
+
+Box and label drawing itself is `Results.plot()` (the predictor's), so saved predictions and
+training plots look the same: class colours from one palette, names, scores for predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+MAX_IMAGES = 16  # at most this many images of a batch are drawn (a 4 x 4 grid)
+MAX_CANVAS = 1920  # the grid's longest side is at most this many pixels
+MIN_TILE = 320  # small images are enlarged to about this size so names and scores stay readable
+JPEG_QUALITY = 90
+
+
+def tile_scale(image_hw: tuple[int, int], n: int) -> float:
+    """The enlargement factor of each tile: tiles of about MIN_TILE px, the whole grid at most MAX_CANVAS px."""
+    side = max(image_hw)
+    cols = math.ceil(math.sqrt(n))
+    return min(MAX_CANVAS / (cols * side), max(1.0, MIN_TILE / side))
+
+
+def draw_boxes(img: np.ndarray, boxes: np.ndarray | torch.Tensor, names: dict[int, str], scores: bool = False,
+               line_width: int | None = None) -> np.ndarray:
+    """A copy of BGR `img` with `boxes` (n, 6) [x1, y1, x2, y2, score, cls] (pixels of img) drawn by Results.plot()."""
+    from yolo_cb.engine.results import Results
+
+    data = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 6)
+    return Results(img, path="", names=names, boxes=data).plot(line_width=line_width, labels=True, conf=scores)
+
+
+def plot_batch(images: torch.Tensor, boxes: Sequence[np.ndarray | torch.Tensor], names: dict[int, str], path: str | Path | None = None,
+               scores: bool = False, tile: float | None = None, max_images: int = MAX_IMAGES) -> np.ndarray:
+    """Draw a batch as a grid and optionally save it as a JPEG; returns the BGR grid.
+
+    images: uint8 (B, 3, H, W) RGB (a loader batch's "img"); boxes: per image (n, 6) [x1, y1, x2, y2, score, cls]
+    in pixels of `images`; scores: write "name 0.87" instead of "name". Each image is enlarged by `tile`
+    (default `tile_scale`) and placed row by row on a white canvas with a 2 px gap.
+    """
+    import cv2
+
+    images = images[:max_images]
+    n, _, h, w = images.shape
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    s = tile if tile is not None else tile_scale((h, w), n)
+    th, tw = round(h * s), round(w * s)
+    gap = 2
+    canvas = np.full((rows * th + (rows - 1) * gap, cols * tw + (cols - 1) * gap, 3), 255, dtype=np.uint8)
+    for i in range(n):
+        img = np.ascontiguousarray(images[i].detach().cpu().numpy().transpose(1, 2, 0)[..., ::-1])  # RGB CHW -> BGR HWC
+        if (th, tw) != (h, w):
+            img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_LINEAR)
+        data = torch.as_tensor(boxes[i] if i < len(boxes) else np.zeros((0, 6)), dtype=torch.float32).reshape(-1, 6).clone()
+        data[:, :4] *= torch.tensor([tw / w, th / h, tw / w, th / h])
+        img = draw_boxes(img, data, names, scores=scores)
+        r, c = divmod(i, cols)
+        y, x = r * (th + gap), c * (tw + gap)
+        canvas[y : y + th, x : x + tw] = img
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not cv2.imwrite(str(path), canvas, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY]):
+            raise OSError(f"could not write image {path}")
+    return canvas
+
+
+def targets_to_boxes(targets: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Loader targets (N, 6) [image index, cls, cx, cy, w, h] (pixels) -> per image (n, 6) [x1, y1, x2, y2, 1, cls]."""
+    targets = targets.detach().float().cpu()
+    out = []
+    for i in range(batch_size):
+        t = targets[targets[:, 0] == i]
+        cx, cy, bw, bh = t[:, 2], t[:, 3], t[:, 4], t[:, 5]
+        out.append(torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2, torch.ones_like(cx), t[:, 1]), 1))
+    return out
