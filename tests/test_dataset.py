@@ -206,3 +206,12 @@ def test_fraction_records_and_image_caches(tmp_path):
     assert all(Path(r["im_file"]).with_suffix(".npy").is_file() for r in disk.labels)
     for i in range(4):
         assert np.array_equal(ram[i]["img"], plain[i]) and np.array_equal(disk[i]["img"], plain[i])
+
+
+def test_long_problem_lists_are_cut_after_ten(tmp_path, log):
+    images = copy_shapes(tmp_path, n=1)
+    for i in range(12):
+        (images / f"empty_{i:02d}.jpg").write_bytes(b"")
+    ds = YOLODataset(str(images), 160, NAMES, False, hyp())
+    assert len(ds) == 1 and "12 corrupt" in log.text
+    assert "empty_09.jpg: skipped, empty image file" in log.text and "empty_10.jpg" not in log.text and "... and 2 more" in log.text

@@ -176,7 +176,7 @@ class YOLOXLoss(nn.Module):
     @staticmethod
     def dynamic_k_matching(cost: torch.Tensor, ious: torch.Tensor) -> torch.Tensor:
         """(G, C) bool matching: each box takes its k cheapest candidates, k = clamp(sum of top-10 IoUs, min 1);
-        a candidate taken by several boxes keeps only the cheapest one."""
+        a candidate taken by several boxes keeps only the cheapest one; a box left with none takes its cheapest free one."""
         num_gt, num_cand = cost.shape
         dynamic_k = ious.topk(min(TOPK_CANDIDATES, num_cand), dim=1).values.sum(dim=1).int().clamp(min=1)
         order = cost.argsort(dim=1)
@@ -188,4 +188,13 @@ class YOLOXLoss(nn.Module):
             cheapest = cost[:, cols].argmin(dim=0)
             matching[:, cols] = False
             matching[cheapest, cols] = True
+            # A box that lost every candidate to cheaper claims takes its cheapest unclaimed one (a departure from
+            # YOLOX, which leaves such boxes unlearned in crowded scenes).
+            claimed = matching.any(dim=0)
+            for g in (~matching.any(dim=1)).nonzero().flatten().tolist():
+                free_cost = cost[g].masked_fill(claimed, float("inf"))
+                best = int(free_cost.argmin())
+                if torch.isfinite(free_cost[best]):
+                    matching[g, best] = True
+                    claimed[best] = True
         return matching

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class YOLODataset(torch.utils.data.Dataset):
         f = self.labels[i]["im_file"]
         if self.cache_mode == "disk":
             npy = Path(f).with_suffix(".npy")
-            if npy.is_file():
+            if self._npy_fresh(npy, f):
                 try:
                     return np.load(npy, allow_pickle=False)
                 except (OSError, ValueError):
@@ -104,6 +105,14 @@ class YOLODataset(torch.utils.data.Dataset):
         if img is None:
             raise FileNotFoundError(f"{self.prefix}image {f} could not be read (it passed verification: was it changed?)")
         return img
+
+    @staticmethod
+    def _npy_fresh(npy: Path, im_file: str) -> bool:
+        """A .npy disk cache is used only when it is newer than its image."""
+        try:
+            return npy.stat().st_mtime_ns >= Path(im_file).stat().st_mtime_ns
+        except OSError:
+            return False
 
     def _resize(self, img: np.ndarray) -> np.ndarray:
         """Resize so the long side is imgsz."""
@@ -132,19 +141,36 @@ class YOLODataset(torch.utils.data.Dataset):
                 LOGGER.warning(f"{self.prefix}cache=disk needs writable image folders; {read_only[0]} is read-only: not caching")
                 self.cache_mode = None
                 return
+        elif not self._ram_fits():
+            self.cache_mode = None
+            return
 
         def work(i):
             if self.cache_mode == "ram":
                 self.ims[i] = self._resize(self._read(i))
                 return self.ims[i].nbytes
             npy = Path(self.labels[i]["im_file"]).with_suffix(".npy")
-            if not npy.is_file():
+            if not self._npy_fresh(npy, self.labels[i]["im_file"]):
                 np.save(npy, cv2.imread(self.labels[i]["im_file"]), allow_pickle=False)
             return npy.stat().st_size
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             total = sum(tqdm(pool.map(work, range(len(self))), total=len(self), desc=f"{self.prefix}caching images ({self.cache_mode})", leave=False))
         LOGGER.info(f"{self.prefix}cached {len(self)} images ({total / 2**30:.2f} GB, {self.cache_mode})")
+
+    def _ram_fits(self, headroom: float = 0.5) -> bool:
+        """Whether the resized images fit in ``headroom`` of the available memory (estimated from a sample)."""
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not POSIX: assume it fits
+            return True
+        step = max(1, len(self) // 30)
+        per_image = np.mean([(self.imgsz / max(lb["shape"])) ** 2 * lb["shape"][0] * lb["shape"][1] * 3 for lb in self.labels[::step]])
+        needed = per_image * len(self)
+        if needed > headroom * available:
+            LOGGER.warning(f"{self.prefix}cache=ram needs ~{needed / 2**30:.1f} GB but {available / 2**30:.1f} GB are free: not caching")
+            return False
+        return True
 
     # --- samples -------------------------------------------------------------------------------
     def get_image_and_label(self, i: int) -> dict:

@@ -25,6 +25,8 @@ def collate_fn(samples: list[dict]) -> dict:
     # copied with numpy: torch.stack on uint8 goes through OpenMP, which crawls on a busy 2-core machine
     shape = tuple(samples[0]["img"].shape)
     img = torch.empty((len(samples), *shape), dtype=torch.uint8)
+    if torch.utils.data.get_worker_info() is not None:
+        img.share_memory_()  # in a loader worker: fill shared memory directly, saving a copy on the way out
     buffer = img.numpy()
     rows = []
     for i, s in enumerate(samples):
@@ -56,9 +58,11 @@ class YOLODataLoader(DataLoader):
     """A DataLoader with ``set_epoch`` (DDP shuffling) and ``close_mosaic`` (reaches persistent workers)."""
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to a DistributedSampler so each epoch shuffles differently."""
+        """Shuffle order and worker seeds depend only on (seed, epoch): a resumed run replays the same epochs."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        if self.generator is not None and hasattr(self, "base_seed"):
+            self.generator.manual_seed(self.base_seed + epoch)
 
     def close_mosaic(self) -> None:
         """Switch off mosaic/mixup/affine; the next ``iter(loader)`` starts fresh workers that see it."""
@@ -83,8 +87,9 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
     workers = max(0, min(int(workers), os.cpu_count() or 1))
     sampler = DistributedSampler(dataset, rank=rank, shuffle=shuffle, seed=seed) if rank != -1 else None
     generator = torch.Generator()
-    generator.manual_seed(seed + 100003 * (max(rank, 0) + 1))
-    return YOLODataLoader(
+    base_seed = seed + 100003 * (max(rank, 0) + 1)
+    generator.manual_seed(base_seed)
+    loader = YOLODataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle and sampler is None,
@@ -96,6 +101,8 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
         generator=generator,
         persistent_workers=workers > 0,
     )
+    loader.base_seed = base_seed
+    return loader
 
 
 def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None) -> YOLODataset:

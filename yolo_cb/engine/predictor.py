@@ -127,11 +127,13 @@ class Predictor:
         return PREDICT_CONF if self.args.conf is None else float(self.args.conf)
 
     def setup_model(self, model: Any) -> Backend:
+        if model is None and self.backend is not None:
+            model = self.model  # reuse the model of the previous call
         model = model if model is not None else self.args.model
         if model is None:
             raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
         if self.backend is None or model is not self.model:
-            self.backend = load_backend(model, device=self.args.device or "cpu", fp16=bool(self.args.half))
+            self.backend = load_backend(model, device=self.args.device, fp16=bool(self.args.half))
             self.model = model
         size = self.args.imgsz
         self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))

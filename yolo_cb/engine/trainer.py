@@ -111,11 +111,11 @@ class Trainer:
             for epoch in range(self.start_epoch, self.epochs):
                 self.epoch = epoch
                 self._train_epoch()
-                if self._signal is not None:
-                    raise KeyboardInterrupt if self._signal == signal.SIGINT else SystemExit(SIGNAL_EXIT[self._signal])
+                self._raise_on_signal()
                 self.completed_epoch = epoch
                 self._validate_and_save()
                 self.run_callbacks("on_fit_epoch_end")
+                self._raise_on_signal()
                 self.stop = distributed.any_rank(self.stop, self._flag_device)
                 if self.stop:
                     LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
@@ -387,6 +387,7 @@ class Trainer:
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "ema": {k: v.detach().clone() for k, v in self.ema.ema.state_dict().items()} if self.ema else None,
             "ema_updates": self.ema.updates if self.ema else 0,
+            "last_opt_step": self.last_opt_step,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "epoch": self.epoch if epoch is None else epoch,
@@ -455,7 +456,7 @@ class Trainer:
         self.fitness = ckpt.get("fitness")
         self.metrics = dict(ckpt.get("metrics") or {})
         self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
-        self.last_opt_step = self.start_epoch * self.num_batches - 1
+        self.last_opt_step = int(ckpt.get("last_opt_step", self.start_epoch * self.num_batches - 1))
         self.callbacks.load_state_dict(ckpt.get("callbacks") or {})
         if ckpt.get("rng") and self.world_size == 1:
             set_rng_states(ckpt["rng"])
@@ -477,6 +478,11 @@ class Trainer:
         for sig in SIGNAL_EXIT:
             previous[sig] = signal.signal(sig, handler)
         return previous
+
+    def _raise_on_signal(self) -> None:
+        """After a SIGINT/SIGTERM: leave the loop as an interrupt (exit 130 / 143 on the CLI)."""
+        if self._signal is not None:
+            raise KeyboardInterrupt if self._signal == signal.SIGINT else SystemExit(SIGNAL_EXIT[self._signal])
 
     @staticmethod
     def _restore_signal_handlers(previous: dict) -> None:

@@ -74,6 +74,9 @@ def check_reachable(uri: str) -> None:
 @contextlib.contextmanager
 def quiet_mlflow():
     """Short HTTP retries/timeouts (unless set by the user), MLflow/alembic INFO lines and warnings muted; all restored after."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import mlflow  # noqa: F401  (its import configures its loggers: do that before we adjust their levels)
     added = [k for k in HTTP_ENV if k not in os.environ]
     for key in added:
         os.environ[key] = HTTP_ENV[key]

@@ -1,0 +1,96 @@
+"""Exact resume, SIGINT handling, and refusing unsafe checkpoints."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolo_cb import YOLO
+from yolo_cb.config import ConfigError
+from yolo_cb.utils.checkpoint import UnsafeCheckpointError, load_checkpoint
+
+pytestmark = pytest.mark.slow
+EXACT = dict(deterministic=True, workers=0, mosaic=1.0, fliplr=0.5, warmup_epochs=1.0)
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if k != "time"} for r in csv.DictReader(f)]
+
+
+def test_resume_is_exact(tiny, tmp_path):
+    straight = YOLO("yolox-nano.yaml")
+    straight.train(**{**tiny, **EXACT, "epochs": 2, "name": "straight"})
+
+    first = YOLO("yolox-nano.yaml")
+    first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
+    first.train(**{**tiny, **EXACT, "epochs": 2, "name": "split"})
+    last = tmp_path / "runs" / "split" / "weights" / "last.pt"
+    assert load_checkpoint(last)["epoch"] == 0
+    YOLO("yolox-nano.yaml").train(resume=str(last))
+
+    a = load_checkpoint(tmp_path / "runs" / "straight" / "weights" / "last.pt")
+    b = load_checkpoint(last)
+    for key in ("model", "ema"):
+        diff = max((a[key][k].float() - b[key][k].float()).abs().max().item() for k in a[key])
+        assert diff <= 1e-6, (key, diff)
+    assert rows(tmp_path / "runs" / "straight" / "results.csv") == rows(tmp_path / "runs" / "split" / "results.csv")
+
+
+def test_resume_refuses_changes_to_what_is_trained(tiny, tmp_path):
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_train_batch_end", lambda t: setattr(t, "stop", True))
+    model.train(**{**tiny, "epochs": 2})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    with pytest.raises(ConfigError, match=r"cannot change imgsz=128 \(was 64\).*may change on resume: .*batch.*device.*epochs"):
+        YOLO().train(resume=str(last), imgsz=128)
+
+
+def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path):
+    args = [f"{k}={v}" for k, v in {**tiny, "epochs": 3}.items()]
+    log = tmp_path / "train.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "yolo_cb", "train", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 300
+        while "1/3" not in log.read_text() and time.time() < deadline:  # first epoch finished: a last.pt exists
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=120)
+    text = log.read_text()
+    assert rc == 130, text[-2000:]
+    assert "SIGINT received" in text and "Traceback" not in text
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    ckpt = load_checkpoint(last)
+    assert ckpt["optimizer"] is not None and ckpt["epoch"] >= 0
+    metrics = YOLO().train(resume=str(last))
+    assert "metrics/mAP50-95(B)" in metrics
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_pickled_objects_are_refused_and_never_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": Payload()}, evil)
+    with pytest.raises(UnsafeCheckpointError, match="refused to load .*evil.pt"):
+        load_checkpoint(evil)
+    assert not (tmp_path / "PWNED").exists()
+    module = tmp_path / "module.pt"
+    torch.save({"model": torch.nn.Conv2d(3, 3, 1)}, module)
+    with pytest.raises(UnsafeCheckpointError, match="pickled Python objects"):
+        load_checkpoint(module)
+    with pytest.raises(UnsafeCheckpointError):
+        YOLO(str(module))
