@@ -10,6 +10,7 @@ in-training validator), val, predict and export.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -79,7 +80,9 @@ class YOLO:
         else:
             args = get_config({**kwargs, "mode": "train"})
         setup_logging(args.verbose)
-        if args.nproc > 1 or len(str(args.device or "").split(",")) > 1:
+        from yolo_cb.engine.ddp import world_size_for
+
+        if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
             from yolo_cb.engine.ddp import launch_ddp
 
             self.metrics = launch_ddp(args, self.callbacks, model=self.source if not resume_ckpt else None, resume=str(resume_path) if resume_path else None)
@@ -116,7 +119,9 @@ class YOLO:
     def export(self, **kwargs) -> str:
         from yolo_cb.engine.exporter import Exporter
 
-        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export", "model": kwargs.get("model", self.source)})
+        # export batch defaults to 1 (the training default of 16 would make a static batch-16 model)
+        args = get_config({"batch": 1, **{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export",
+                           "model": kwargs.get("model", self.source)})
         setup_logging(args.verbose)
         exporter = Exporter(args, callbacks=self._engine_callbacks(args))
         return exporter(model=args.model)

@@ -6,6 +6,7 @@ user's callbacks) is a callback; the loop only computes and keeps the state call
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -115,9 +116,8 @@ class Trainer:
                 self.completed_epoch = epoch
                 self._validate_and_save()
                 self.run_callbacks("on_fit_epoch_end")
-                self._raise_on_signal()
-                self.stop = distributed.any_rank(self.stop, self._flag_device)
-                if self.stop:
+                if self._agree_to_stop():
+                    self._raise_on_signal()
                     LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                     break
                 if epoch + 1 < self.epochs:
@@ -179,6 +179,8 @@ class Trainer:
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if self.rank > 0:
+            LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
 
     @property
     def _flag_device(self) -> torch.device:
@@ -251,8 +253,9 @@ class Trainer:
 
     def _build_optimizer(self) -> None:
         args = self.args
-        self.accumulate = max(round(args.nbs / args.batch), 1)
-        weight_decay = args.weight_decay * args.batch * self.accumulate / args.nbs
+        self.global_batch = args.batch * self.world_size  # `batch` is per process under DDP
+        self.accumulate = max(round(args.nbs / self.global_batch), 1)
+        weight_decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
         iterations = math.ceil(len(self.train_loader.dataset) / max(args.batch, args.nbs)) * self.epochs
         name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
         self.optimizer_name, self.momentum = name, momentum
@@ -289,8 +292,7 @@ class Trainer:
             self.run_callbacks("on_train_batch_end")
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
                 self.stop, self.stop_reason = True, f"time limit of {self.args.time} h reached"
-            if self._signal is not None or distributed.any_rank(self.stop, self._flag_device):
-                self.stop = True
+            if self._agree_to_stop():
                 break
         self.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
         self.run_callbacks("on_train_epoch_end")
@@ -315,11 +317,23 @@ class Trainer:
         self._nonfinite_in_a_row = 0
         self.tloss = self.loss_items if self.tloss is None else (self.tloss * self.batch_i + self.loss_items) / (self.batch_i + 1)
         # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
-        self.scaler.scale(self.loss * self.args.batch / self.args.nbs * self.world_size).backward()
+        # DDP averages gradients over ranks; * world_size makes that a sum over the global batch
+        self.scaler.scale(self.loss * self.global_batch / self.args.nbs).backward()
         self.run_callbacks("on_after_backward")
         if ni - self.last_opt_step >= self.accumulate:
             self._optimizer_step()
             self.last_opt_step = ni
+
+    def _agree_to_stop(self) -> bool:
+        """Combine trainer.stop and any received signal over all ranks (one all-reduce), so every rank stops together."""
+        stop, signum = distributed.max_over_ranks([self.stop, self._signal or 0], self._flag_device)
+        if signum and self._signal is None:
+            self._signal = signum
+            self.stop_reason = self.stop_reason or f"{signal.Signals(signum).name} received on another rank"
+        if stop and not self.stop:
+            self.stop = True
+            self.stop_reason = self.stop_reason or "trainer.stop was set on another rank"
+        return bool(stop)
 
     def _skip_nonfinite(self) -> None:
         self._nonfinite_in_a_row += 1
@@ -346,7 +360,7 @@ class Trainer:
         if ni > self.warmup_iters:
             return
         xi = [0, self.warmup_iters]
-        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.args.nbs / self.args.batch]).round()))
+        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.args.nbs / self.global_batch]).round()))
         for j, group in enumerate(self.optimizer.param_groups):
             start = self.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
             group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * self.lf(self.epoch)]))
@@ -419,9 +433,12 @@ class Trainer:
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
 
     def _final_validation(self) -> None:
-        """Validate best.pt (firing on_val_*) and strip the optimizer from finished checkpoints."""
-        if not self.is_main:
-            return
+        """Validate best.pt on rank 0 (firing on_val_*), strip the optimizer from finished checkpoints, share the metrics."""
+        if self.is_main:
+            self._validate_best()
+        self.metrics = distributed.broadcast_object(self.metrics)
+
+    def _validate_best(self) -> None:
         best, last = self.wdir / "best.pt", self.wdir / "last.pt"
         finished = self.epoch + 1 >= self.epochs or self.stop_reason.startswith("early stopping")
         if finished:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict
     image = image.detach().cpu().float()
     folder = tempfile.mkdtemp(prefix="yolo_cb_onnx_check_")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # torch prints the whole IR graph when an export fails
+        with drop_torch_ir_dump():
             path = export_onnx(module, Path(folder) / "check.onnx", tuple(image.shape[-2:]), opset=opset, dynamic=False,
                                simplify=simplify, batch=image.shape[0])
         onnx.checker.check_model(str(path))
@@ -64,6 +65,32 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict
         diff = compare(out, ref)
         result = {k: max(result[k], diff[k]) for k in result}
     return result
+
+
+@contextlib.contextmanager
+def drop_torch_ir_dump():
+    """Keep torch's "Torch IR graph at exception: ..." dump (hundreds of lines, written by C++ to fd 1 when a TorchScript
+    ONNX export fails: torch 2.9's exporter leaves its ONNX log switched on) out of the training log. Anything else
+    written to stdout meanwhile is passed on afterwards."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no real fd 1 (some notebooks): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            sink.seek(0)
+            kept = sink.read().decode(errors="replace").split("Torch IR graph at exception:")[0]
+            if kept:
+                sys.stdout.write(kept)
+                sys.stdout.flush()
 
 
 def _flatten(output) -> list:

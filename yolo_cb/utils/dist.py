@@ -30,6 +30,15 @@ def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     return bool(t.item())
 
 
+def max_over_ranks(values: list[int], device: torch.device | str = "cpu") -> list[int]:
+    """Element-wise maximum of small integer flags over all ranks (one all-reduce); the values when not distributed."""
+    if not is_distributed():
+        return [int(v) for v in values]
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s object on every rank."""
     if not is_distributed():

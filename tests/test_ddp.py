@@ -1,0 +1,68 @@
+"""DDP on CPU with gloo and 2 real processes: callbacks reach both ranks, stop reaches every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from yolo_cb import YOLO
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 600
+
+
+def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+
+    def record_writes(trainer):  # a closure over markers: serialised by value to each worker
+        import yolo_cb.utils.checkpoint as ckpt_mod
+        import yolo_cb.utils.files as files_mod
+
+        original = files_mod.atomic_write_bytes
+
+        def spy(path, data):
+            with open(markers / f"writes_rank{trainer.rank}.txt", "a") as f:
+                f.write(f"{path}\n")
+            return original(path, data)
+
+        files_mod.atomic_write_bytes = spy
+        ckpt_mod.atomic_write_bytes = spy
+        (markers / f"rank{trainer.rank}.txt").write_text(f"world {trainer.world_size}")
+
+    def stop_on_rank1(trainer):
+        if trainer.rank == 1 and trainer.batch_i == 1:
+            trainer.stop, trainer.stop_reason = True, "rank 1 said stop"
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_pretrain_routine_start", record_writes)
+    model.add_callback("on_train_batch_end", stop_on_rank1)
+    model.add_callback("on_train_batch_end", lambda t: open(markers / f"batches_rank{t.rank}.txt", "a").write(f"{t.epoch},{t.batch_i}\n"))
+    model.add_callback("teardown", lambda t: (markers / f"metrics_rank{t.rank}.json").write_text(json.dumps(t.metrics, sort_keys=True)))
+    metrics = model.train(**{**tiny, "epochs": 3, "nproc": 2, "device": "cpu"})
+
+    assert (markers / "rank0.txt").read_text() == (markers / "rank1.txt").read_text() == "world 2"
+    for rank in (0, 1):  # both ranks stopped after their 2nd batch of the first epoch
+        assert (markers / f"batches_rank{rank}.txt").read_text().split() == ["0,0", "0,1"]
+    m0, m1 = (json.loads((markers / f"metrics_rank{r}.json").read_text()) for r in (0, 1))
+    assert m0 == m1 and "metrics/mAP50-95(B)" in m0
+    assert metrics["metrics/mAP50-95(B)"] == m0["metrics/mAP50-95(B)"]
+    assert not (markers / "writes_rank1.txt").exists()
+    written = (markers / "writes_rank0.txt").read_text()
+    assert "last.pt" in written and "results.csv" in written
+
+
+def test_torchrun_module_entry(tiny, tmp_path):
+    args = [f"{k}={v}" for k, v in {**tiny, "epochs": 1, "device": "cpu"}.items()]
+    from yolo_cb.engine.ddp import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "yolo_cb", "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "runs" / "exp" / "weights" / "best.pt").is_file()
+    assert not (tmp_path / "runs" / "exp2").exists()  # rank 1 did not make a run dir of its own

@@ -1,0 +1,183 @@
+"""MLflow: a real `mlflow server` on loopback (one per module), tiny trainings against it, read back with MlflowClient;
+the server-less local store; and a closed port (training completes with exactly one warning)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from yolo_cb import YOLO
+from yolo_cb.integrations.mlflow import safe_key
+
+EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
+              "metrics/precisionB", "metrics/recallB", "metrics/mAP50B", "metrics/mAP50-95B", "fitness", "val/iou_loss", "val/l1_loss")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real MLflow tracking server: SQLite backend, proxied artifacts, both in tmp; its URI."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+           "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers: 2 CPU cores
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log = open(root / "server.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker (its own process group)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def env(monkeypatch, server, request):
+    """MLFLOW_TRACKING_URI -> the server, and an experiment of this test's own."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", request.node.name.replace("[", "-").replace("]", ""))
+    monkeypatch.delenv("MLFLOW_RUN", raising=False)
+    return server
+
+
+def only_run(client, experiment_name: str):
+    experiment = client.get_experiment_by_name(experiment_name)
+    assert experiment is not None, f"experiment {experiment_name} not created"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return runs[0]
+
+
+def mlflow_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "mlflow" in r.getMessage().lower()]
+
+
+def test_safe_key():
+    assert safe_key("metrics/mAP50-95(B)") == "metrics/mAP50-95B"
+    assert safe_key("lr/pg0") == "lr/pg0"
+    assert safe_key("a:b*c") == "a_b_c"
+
+
+@pytest.mark.slow
+def test_run_logged_to_server(env, tiny, monkeypatch, caplog):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_RUN", "tiny-run")
+    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 2, "mlflow": True, "plots": True})
+    client = MlflowClient(env)
+    run = only_run(client, os.environ["MLFLOW_EXPERIMENT_NAME"])
+    assert run.info.run_name == "tiny-run"
+    assert run.info.status == "FINISHED"
+
+    params = run.data.params
+    assert params["epochs"] == "2" and params["imgsz"] == "64" and params["batch"] == "8" and params["mlflow"] == "True"
+    assert len(params) > 50  # every setting
+
+    for key in EPOCH_KEYS:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == [0, 1], (key, history)  # exactly one point per epoch
+    assert all("(" not in k for k in run.data.metrics)
+
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"results.csv", "args.yaml", "results.png", "train_batch0.jpg", "val_batch0_labels.jpg",
+            "val_batch0_pred_epoch1.jpg", "val_batch0_pred_epoch2.jpg", "weights"} <= top, top
+    weights = {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
+    assert {"weights/best.pt", "weights/last.pt"} <= weights
+    assert not mlflow_warnings(caplog)
+
+
+@pytest.mark.slow
+def test_active_run_is_reused_and_left_open(env, tiny):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    with mlflow.start_run(run_name="outer") as outer:
+        YOLO("yolox-nano.yaml").train(**{**tiny, "mlflow": True})
+        assert mlflow.active_run().info.run_id == outer.info.run_id
+        client = MlflowClient(env)
+        assert client.get_run(outer.info.run_id).info.status == "RUNNING"  # not ended by the trainer
+        assert len(client.get_metric_history(outer.info.run_id, "metrics/mAP50-95B")) == 1
+        assert client.get_run(outer.info.run_id).data.params["epochs"] == "1"
+    assert client.get_run(outer.info.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("error, status", [(RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED")])
+def test_run_status_on_error_and_interrupt(env, tiny, error, status):
+    from mlflow.tracking import MlflowClient
+
+    def fail(trainer):
+        raise error("stop here")
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_train_epoch_start", fail)
+    with pytest.raises(Exception if error is RuntimeError else KeyboardInterrupt):
+        model.train(**{**tiny, "mlflow": True})
+    run = only_run(MlflowClient(env), os.environ["MLFLOW_EXPERIMENT_NAME"])
+    assert run.info.status == status
+    assert run.data.params["epochs"] == "1"
+
+
+@pytest.mark.slow
+def test_unreachable_server_one_warning_and_training_completes(tiny, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    start = time.perf_counter()
+    model = YOLO("yolox-nano.yaml")
+    metrics = model.train(**{**tiny, "mlflow": True})
+    assert "fitness" in metrics
+    found = mlflow_warnings(caplog)
+    assert len(found) == 1, found
+    assert "unreachable" in found[0] and "training goes on" in found[0]
+    spent = sum(r["total_s"] for r in model.trainer.callbacks.stats() if r["callback"].startswith("mlflow."))
+    assert spent < 15, f"the MLflow callbacks took {spent:.1f}s with an unreachable server"
+    assert time.perf_counter() - start < 600
+
+
+@pytest.mark.slow
+def test_local_store_without_a_server(tiny, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN"):
+        monkeypatch.delenv(key, raising=False)
+    YOLO("yolox-nano.yaml").train(**{**tiny, "mlflow": True})
+    db = Path(tiny["project"]) / "mlruns" / "mlflow.db"
+    assert db.is_file()
+    client = MlflowClient(f"sqlite:///{db}")
+    run = only_run(client, Path(tiny["project"]).name)  # experiment = basename of project
+    assert run.info.run_name == "exp" and run.info.status == "FINISHED"
+    assert len(client.get_metric_history(run.info.run_id, "train/iou_loss")) == 1
+    assert {"weights/best.pt", "weights/last.pt"} <= {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
+    artifacts = Path(tiny["project"]) / "mlruns" / "artifacts"
+    assert list(artifacts.rglob("best.pt"))  # artifacts beside the database, not in the cwd

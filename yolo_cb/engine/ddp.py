@@ -1,0 +1,157 @@
+"""Self-launched DDP: `model.train(nproc=2)` / `yolo-cb train device=0,1` start one worker process per rank.
+
+The parent serialises the settings and the user's callbacks — closures and lambdas included — with
+cloudpickle into a payload file; each worker (`python -m yolo_cb.engine.ddp PAYLOAD`) restores them,
+so callbacks added in Python run on every rank instead of being lost. torchrun users skip this
+module: `torchrun --nproc_per_node N -m yolo_cb train ...` sets the environment itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from yolo_cb.utils.log import LOGGER
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def world_size_for(args) -> int:
+    """Processes to start: the GPU list's length for device=0,1,...; else nproc."""
+    devices = [d for d in str(args.device or "").split(",") if d.strip()]
+    return len(devices) if len(devices) > 1 else int(args.nproc)
+
+
+def _pickle_user_code_by_value(callbacks) -> None:
+    """Callbacks from modules a worker may not import (a script, a test file) travel by value."""
+    import cloudpickle
+
+    for entry in callbacks.entries():
+        fn = getattr(entry.fn, "__func__", entry.fn)
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if module is None or module.__name__ == "__main__":
+            continue
+        path = getattr(module, "__file__", None) or ""
+        if "site-packages" not in path and not module.__name__.startswith("yolo_cb"):
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except ValueError:
+                pass
+
+
+def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = None, timeout: float | None = None) -> dict:
+    """Start `world_size` workers on this node, wait for them, return rank 0's final metrics (plus '_best_pt')."""
+    import cloudpickle
+
+    world = world_size_for(args)
+    workdir = Path(tempfile.mkdtemp(prefix="yolo_cb_ddp_"))
+    payload, result = workdir / "payload.pkl", workdir / "result.json"
+    _pickle_user_code_by_value(user_callbacks)
+    settings = args.as_dict()
+    settings["nproc"] = 1  # the workers must not launch again
+    payload.write_bytes(cloudpickle.dumps({"args": settings, "callbacks": user_callbacks, "model": model, "resume": resume,
+                                           "result": str(result), "sys_path": list(sys.path), "cwd": os.getcwd()}))
+    devices = [d.strip() for d in str(args.device or "").split(",") if d.strip()]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))}
+    if len(devices) > 1:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    LOGGER.info(f"DDP: starting {world} worker processes ({'gloo on CPU' if not devices or devices == ['cpu'] else 'nccl on ' + ','.join(devices)})")
+    procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.engine.ddp", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(world)]
+    codes = _wait(procs, timeout)
+    try:
+        failed = [(r, c) for r, c in enumerate(codes) if c != 0]
+        if failed:
+            interrupted = [c for _, c in failed if c in (130, 143)]
+            if interrupted:
+                raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(143)
+            raise RuntimeError(f"DDP training failed: worker exit codes {codes} (rank, code): {failed}; see the worker output above")
+        return json.loads(result.read_text())
+    finally:
+        payload.unlink(missing_ok=True)
+        result.unlink(missing_ok=True)
+        workdir.rmdir()
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float | None) -> list[int]:
+    """Wait for every worker; forward SIGINT/SIGTERM; if one fails, stop the rest (they would hang in a collective)."""
+    forwarded = {}
+
+    def forward(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        forwarded[sig] = signal.signal(sig, forward)
+    deadline = time.time() + timeout if timeout else None
+    try:
+        while any(p.poll() is None for p in procs):
+            bad = [p for p in procs if p.poll() not in (None, 0, 130, 143)]
+            if bad or (deadline and time.time() > deadline):
+                time.sleep(5)  # give the others a moment to fail on their own with a clearer message
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                break
+            time.sleep(0.2)
+        return [p.wait() for p in procs]
+    finally:
+        for sig, old in forwarded.items():
+            signal.signal(sig, old)
+
+
+def worker(payload_path: str) -> int:
+    """One rank: restore settings and callbacks, train, rank 0 writes the final metrics."""
+    import cloudpickle
+
+    payload = cloudpickle.loads(Path(payload_path).read_bytes())
+    for entry in reversed(payload["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    os.chdir(payload["cwd"])
+    from yolo_cb.callbacks.registry import build_trainer_callbacks
+    from yolo_cb.config import get_config
+    from yolo_cb.engine.trainer import Trainer
+    from yolo_cb.utils.log import setup_logging
+
+    args = get_config(payload["args"])
+    rank = int(os.environ["RANK"])
+    setup_logging(args.verbose)
+    if rank != 0:
+        import logging
+
+        logging.getLogger("yolo_cb").setLevel(logging.WARNING)
+    trainer = Trainer(args, callbacks=build_trainer_callbacks(args, payload["callbacks"]), model=payload["model"])
+    if payload["resume"]:
+        from yolo_cb.utils.checkpoint import load_checkpoint
+
+        trainer.resume_ckpt = load_checkpoint(payload["resume"])
+        trainer.save_dir = Path(payload["resume"]).parent.parent
+    try:
+        metrics = trainer.train()
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if rank == 0:
+        best = trainer.wdir / "best.pt"
+        Path(payload["result"]).write_text(json.dumps({**metrics, "_best_pt": str(best)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1]))
