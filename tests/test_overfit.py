@@ -107,7 +107,7 @@ def recalibrate_batchnorm(model: torch.nn.Module, images: torch.Tensor) -> None:
         m.momentum = None  # cumulative average: after one pass, exactly this batch's statistics
     model.train()
     model(images)
-    for m, momentum in zip(norms, momenta):
+    for m, momentum in zip(norms, momenta, strict=True):
         m.momentum = momentum
 
 

@@ -55,6 +55,9 @@ class YOLOXLoss(nn.Module):
     def forward(self, preds: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor, targets: torch.Tensor) -> dict:
         """preds: raw head outputs (B, A, 5 + nc); grid: cell (x, y) (A, 2); strides: (A, 1);
         targets: (N, 6) rows [image_index, class, cx, cy, w, h] in input pixels."""
+        if torch.is_autocast_enabled(preds.device.type):
+            with torch.autocast(preds.device.type, enabled=False):  # the loss and assignment run in float32
+                return self.forward(preds, grid, strides, targets)
         preds, grid, strides = preds.float(), grid.float(), strides.float()
         raw_box = preds[..., :4]
         boxes = torch.cat(((raw_box[..., :2] + grid) * strides, torch.exp(raw_box[..., 2:4].clamp(max=MAX_LOG_WH)) * strides), dim=-1)

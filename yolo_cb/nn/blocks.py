@@ -39,9 +39,9 @@ class ConvBNAct(nn.Module):
         if isinstance(self.bn, nn.Identity):
             return
         conv, bn = self.conv, self.bn
-        fused = nn.Conv2d(
-            conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, groups=conv.groups, bias=True
-        ).to(device=conv.weight.device, dtype=conv.weight.dtype)
+        fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, groups=conv.groups, bias=True).to(
+            device=conv.weight.device, dtype=conv.weight.dtype
+        )
         weight, bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
         fused.weight.copy_(weight)
         fused.bias.copy_(bias)

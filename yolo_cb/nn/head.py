@@ -78,7 +78,7 @@ class YOLOXHead(nn.Module):
             if len(self._grid_cache) >= GRID_CACHE_SIZE:
                 self._grid_cache.clear()
             grids, strides = [], []
-            for (h, w), stride in zip(sizes, self.strides):
+            for (h, w), stride in zip(sizes, self.strides, strict=True):
                 ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
                 grids.append(np.stack((xs, ys), axis=-1).reshape(-1, 2))
                 strides.append(np.full((h * w, 1), stride, dtype=np.float32))

@@ -78,7 +78,12 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     missing = [k for k in ("depth", "width") if k not in data]
     if missing:
         raise KeyError(f"model config {cfg!r} lacks {', '.join(missing)}")
-    arch = {"depth": float(data["depth"]), "width": float(data["width"]), "depthwise": bool(data.get("depthwise", False)), "act": str(data.get("act", "silu"))}
+    arch = {
+        "depth": float(data["depth"]),
+        "width": float(data["width"]),
+        "depthwise": bool(data.get("depthwise", False)),
+        "act": str(data.get("act", "silu")),
+    }
     if "nc" in data:
         arch["nc"] = int(data["nc"])
     return arch, name
