@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.integrations.mlflow import safe_key
+from yolo_cb.integrations.mlflow import public_uri, safe_key
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
               "metrics/precisionB", "metrics/recallB", "metrics/mAP50B", "metrics/mAP50-95B", "fitness", "val/iou_loss", "val/l1_loss")
@@ -87,6 +87,7 @@ def test_safe_key():
     assert safe_key("metrics/mAP50-95(B)") == "metrics/mAP50-95B"
     assert safe_key("lr/pg0") == "lr/pg0"
     assert safe_key("a:b*c") == "a_b_c"
+    assert public_uri("https://user:secret@mlflow.example:5000") == "https://mlflow.example:5000"  # never in logs / checkpoints
 
 
 @pytest.mark.slow
@@ -94,7 +95,7 @@ def test_run_logged_to_server(env, tiny, monkeypatch, caplog):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_RUN", "tiny-run")
-    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 2, "mlflow": True, "plots": True})
+    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 2, "mlflow": True, "plots": True, "fraction": 0.25})  # 1 train batch
     client = MlflowClient(env)
     run = only_run(client, os.environ["MLFLOW_EXPERIMENT_NAME"])
     assert run.info.run_name == "tiny-run"
@@ -115,6 +116,26 @@ def test_run_logged_to_server(env, tiny, monkeypatch, caplog):
     weights = {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
     assert {"weights/best.pt", "weights/last.pt"} <= weights
     assert not mlflow_warnings(caplog)
+
+
+@pytest.mark.slow
+def test_resume_continues_the_run(env, tiny):
+    from mlflow.tracking import MlflowClient
+
+    def stop_after_first_epoch(trainer):
+        trainer.stop = True
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_fit_epoch_end", stop_after_first_epoch)
+    model.train(**{**tiny, "epochs": 2, "mlflow": True, "fraction": 0.25})
+    client = MlflowClient(env)
+    run = only_run(client, os.environ["MLFLOW_EXPERIMENT_NAME"])
+    assert run.info.status == "FINISHED"
+    last = Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt"
+    YOLO(str(last)).train(resume=str(last))
+    resumed = only_run(client, os.environ["MLFLOW_EXPERIMENT_NAME"])  # the same run, not a second one
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/iou_loss")) == [0, 1]
 
 
 @pytest.mark.slow

@@ -39,6 +39,14 @@ def with_hook(monkeypatch, hook):
     monkeypatch.setattr(yolo_cb.nn, "build_model", build)
 
 
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path, monkeypatch):
+    """Temp files of this test only, so other processes' checks cannot look like our leftovers."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+
+
 def leftovers() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("yolo_cb_onnx_check_*")}
 

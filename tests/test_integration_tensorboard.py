@@ -13,7 +13,7 @@ from yolo_cb import YOLO
 def test_event_files_hold_scalars_graph_and_images(tiny):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 2, "tensorboard": True, "plots": True})
+    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 2, "tensorboard": True, "plots": True, "fraction": 0.25})  # 1 train batch
     run = Path(tiny["project"]) / tiny["name"]
     assert list(run.glob("events.out.tfevents.*"))
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0, "graph": 0})
@@ -31,7 +31,7 @@ def test_event_files_hold_scalars_graph_and_images(tiny):
     assert tags["graph"] is True
     assert "head" in str(acc.Graph())  # the traced YOLOX graph, down to its modules
 
-    assert {"train_batch0", "train_batch1", "train_batch2", "val_batch0_labels", "val_batch0_pred"} <= set(tags["images"])
+    assert {"train_batch0", "val_batch0_labels", "val_batch0_pred"} <= set(tags["images"])
     assert [e.step for e in acc.Images("val_batch0_pred")] == [0, 1]
     image = acc.Images("train_batch0")[0]
     assert image.width >= 320 and image.height >= 320

@@ -187,3 +187,12 @@ def test_rejects_out_of_range_class_and_bad_loss_type():
         YOLOXLoss(NC)(random_preds(1, grid.shape[0]), grid, strides, torch.tensor([[0, NC, 32, 32, 10, 10]]))
     with pytest.raises(ValueError):
         YOLOXLoss(NC, loss_type="ciou")
+
+
+def test_loss_under_autocast_is_float32():
+    grid, strides = make_grid(64, 64)
+    preds = random_preds(1, grid.shape[0])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = YOLOXLoss(NC)(preds.bfloat16(), grid, strides, torch.tensor([[0, 1, 32, 32, 20, 20]]))
+    assert out["total"].dtype == torch.float32
+    check_finite(out)

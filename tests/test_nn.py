@@ -68,6 +68,7 @@ def test_build_model_from_name_path_and_dict(caplog, tmp_path):
     assert torch.equal(model.stride, torch.tensor([8.0, 16.0, 32.0]))
     assert model.criterion.use_l1 is False
     rebuilt = build_model(model.cfg, nc=model.nc, verbose=False)  # the stored cfg is enough to rebuild
+    assert rebuilt.name == "YOLOX-nano"
     rebuilt.load_state_dict(model.state_dict())
     yaml_path = tmp_path / "custom.yaml"
     yaml_path.write_text("depth: 0.33\nwidth: 0.25\ndepthwise: true\nact: relu\nnc: 80\n")

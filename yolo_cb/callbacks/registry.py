@@ -173,7 +173,9 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
             continue
         except ValueError:  # not written / not registered in this build
             continue
-        callbacks.add_callbacks(obj, group="integration", on_error="disable", name=name)
+        # integrations switch themselves off on error; a strict ONNX check must fail the run instead
+        on_error = "raise" if name == "onnx_check" and args.onnx_check == "strict" else "disable"
+        callbacks.add_callbacks(obj, group="integration", on_error=on_error, name=name)
     callbacks.mark_defaults()
     if user is not None:
         callbacks.extend(user)

@@ -229,7 +229,8 @@ class Trainer:
         if self.args.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.criterion = unwrap(self.model).criterion
-        self.criterion.use_l1 = False
+        self.criterion.use_l1 = False  # the YOLOX stage switch turns it on
+        self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
 
     @staticmethod
     def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> None:

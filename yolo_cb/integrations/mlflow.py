@@ -58,6 +58,14 @@ def local_store(project: str | None) -> tuple[str, str]:
     return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
 
 
+def public_uri(uri: str) -> str:
+    """The URI without any user:password@ part (for logs and checkpoints)."""
+    parsed = urlparse(uri)
+    if parsed.username is None and parsed.password is None:
+        return uri
+    return parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
+
+
 def check_reachable(uri: str) -> None:
     """Raise MLflowUnavailable when an http(s) tracking URI does not accept a TCP connection within a few seconds."""
     parsed = urlparse(uri)
@@ -68,7 +76,7 @@ def check_reachable(uri: str) -> None:
         with socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as error:
-        raise MLflowUnavailable(f"tracking server {uri} is unreachable ({type(error).__name__}: {error})") from error
+        raise MLflowUnavailable(f"tracking server {public_uri(uri)} is unreachable ({type(error).__name__}: {error})") from error
 
 
 @contextlib.contextmanager
@@ -118,7 +126,7 @@ class MLflow:
 
     # --- checkpoint state: a resumed training continues its run ----------------------------
     def state_dict(self) -> dict:
-        return {"run_id": self.run_id, "tracking_uri": self.tracking_uri} if self.run_id and self.owns_run else {}
+        return {"run_id": self.run_id, "tracking_uri": public_uri(self.tracking_uri)} if self.run_id and self.owns_run else {}
 
     def load_state_dict(self, state: dict) -> None:
         self.resume_state = dict(state or {})
@@ -168,14 +176,15 @@ class MLflow:
         self._log_params(trainer)
         run = client.get_run(run_id)
         experiment = client.get_experiment(run.info.experiment_id)
-        where = f"{uri.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{run_id}" if uri.startswith("http") else \
-            f"{uri} (view: mlflow ui --backend-store-uri {uri})"
+        shown = public_uri(uri)
+        where = f"{shown.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{run_id}" if shown.startswith("http") else \
+            f"{shown} (view: mlflow ui --backend-store-uri {shown})"
         LOGGER.info(f"MLflow: logging to {how} '{run.info.run_name}' of experiment '{experiment.name}' at {where}")
 
     def _reopen(self, client, uri: str) -> str | None:
         """The run of the checkpoint being resumed, set RUNNING again, if it is in this store."""
         run_id = self.resume_state.get("run_id")
-        if not run_id or self.resume_state.get("tracking_uri") != uri:
+        if not run_id or self.resume_state.get("tracking_uri") != public_uri(uri):
             return None
         try:
             client.get_run(run_id)

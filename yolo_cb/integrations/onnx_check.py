@@ -61,7 +61,7 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict
     if len(outputs) != len(reference):
         raise OnnxCheckError(f"the ONNX model has {len(outputs)} outputs, PyTorch {len(reference)}")
     result = {"max_abs": 0.0, "max_rel": 0.0}
-    for out, ref in zip(outputs, reference):
+    for out, ref in zip(outputs, reference, strict=True):
         diff = compare(out, ref)
         result = {k: max(result[k], diff[k]) for k in result}
     return result

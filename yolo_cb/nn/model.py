@@ -21,7 +21,7 @@ ARCH_KEYS = ("depth", "width", "depthwise", "act")  # the settings that define t
 class YOLOX(nn.Module):
     """PAFPN (CSPDarknet) + decoupled head. Input: (B, 3, H, W) RGB in [0, 1], H and W multiples of 32.
 
-    forward(x, targets) -> loss dict (in any mode); forward(x) -> raw per-level outputs in train mode,
+    forward(x, targets) -> loss dict in train mode, (predictions, loss dict) in eval mode; forward(x) -> raw per-level outputs in train mode,
     decoded predictions (B, A, 4 + 1 + nc) in eval mode (see `decode`).
     """
 
@@ -39,7 +39,8 @@ class YOLOX(nn.Module):
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         raw = self.raw_outputs(x)
         if targets is not None:
-            return self.loss(raw, targets)
+            # training: the loss dict; eval (validation with losses): (decoded predictions, loss dict) from one pass
+            return self.loss(raw, targets) if self.training else (self.decode(raw), self.loss(raw, targets))
         return raw if self.training else self.decode(raw)
 
     def raw_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -66,15 +67,18 @@ class YOLOX(nn.Module):
 
 def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     """The architecture dict and a display name (e.g. 'YOLOX-nano') from a YAML path, a bundled name or a dict."""
-    if isinstance(cfg, dict):
-        data, name = dict(cfg), str(cfg.get("name", "YOLOX"))
-    else:
-        from ..paths import find_model_cfg
+    from ..paths import MODELS_DIR, find_model_cfg
 
+    if isinstance(cfg, dict):
+        data = dict(cfg)
+        path = next((p for p in sorted(MODELS_DIR.glob("*.yaml")) if _same_arch(yaml.safe_load(p.read_text()) or {}, data)), None)
+    else:
         path = find_model_cfg(str(cfg))
         data = yaml.safe_load(path.read_text()) or {}
-        stem = path.stem
-        name = "YOLOX-" + stem.split("-", 1)[1] if stem.lower().startswith("yolox-") else stem
+    if path is None:
+        name = str(data.get("name", "YOLOX"))
+    else:
+        name = "YOLOX-" + path.stem.split("-", 1)[1] if path.stem.lower().startswith("yolox-") else path.stem
     missing = [k for k in ("depth", "width") if k not in data]
     if missing:
         raise KeyError(f"model config {cfg!r} lacks {', '.join(missing)}")
@@ -87,6 +91,16 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     if "nc" in data:
         arch["nc"] = int(data["nc"])
     return arch, name
+
+
+def _same_arch(a: dict, b: dict) -> bool:
+    """Whether two config dicts describe the same architecture (so a stored cfg dict gets its bundled name back)."""
+    try:
+        return all(str(a.get(k)) == str(b.get(k)) for k in ("depthwise", "act")) and all(
+            abs(float(a[k]) - float(b[k])) < 1e-9 for k in ("depth", "width")
+        )
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> YOLOX:

@@ -7,8 +7,8 @@ training plots look the same: class colours from one palette, names, scores for 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
