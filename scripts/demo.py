@@ -33,12 +33,29 @@ def main() -> int:
     print(f"weights        {save_dir / 'weights' / 'best.pt'}  (and last.pt)")
     print(f"results.csv    {save_dir / 'results.csv'}  (results.png beside it)")
     print(f"plots          {save_dir}/*.png, train_batch*.jpg, val_batch0_*.jpg")
-    print(f"tensorboard    tensorboard --logdir {save_dir}")
-    print(f"mlflow         mlflow ui --backend-store-uri {Path(trainer.args.project or 'runs/train').resolve() / 'mlruns'}")
+    events = sorted(save_dir.glob("events.out.tfevents.*"))
+    print(f"tensorboard    {len(events)} event file(s) in {save_dir}: tensorboard --logdir {save_dir}")
+    print(f"mlflow         {mlflow_summary(Path(trainer.args.project or 'runs/train'))}")
     print(f"val            mAP50-95 {metrics.get('metrics/mAP50-95(B)', 0):.3f}, plots in {PROJECT / 'val' / 'shapes'}")
     print(f"onnx           {onnx_path}")
     print(f"predictions    {predict_dir} ({len(results)} images)")
     return 0
+
+
+def mlflow_summary(project: Path) -> str:
+    """The MLflow runs in the demo's local store, read back with the client."""
+    import os
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(project.resolve() / 'mlruns' / 'mlflow.db')}"
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+        listed = ", ".join(f"{r.info.run_name} {r.info.status} ({len(r.data.metrics)} metrics)" for r in runs[:3])
+        return f"{len(runs)} run(s) in {uri}: {listed} -> mlflow ui --backend-store-uri {uri}"
+    except Exception as error:  # the demo reports; it does not fail on a viewer problem
+        return f"could not read {uri}: {error}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""Guards of the loop: non-finite losses, the time limit, top-k checkpoints, fp32 final weights without optimizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolo_cb import YOLO
+from yolo_cb.engine.trainer import NonFiniteLossError
+from yolo_cb.utils.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def poison(batches: set[int]):
+    """A callback that makes the loss NaN on the given global batch numbers."""
+
+    def fn(trainer):
+        if trainer.epoch * trainer.num_batches + trainer.batch_i in batches:
+            trainer.loss = trainer.loss * float("nan")
+
+    return fn
+
+
+def test_a_few_nonfinite_losses_are_skipped_with_a_warning(tiny, caplog):
+    model = YOLO("yolox-nano.yaml").add_callback("on_train_batch_loss_end", poison({1, 2}))
+    metrics = model.train(**{**tiny, "epochs": 2, "save_topk": 1})
+    assert "metrics/mAP50-95(B)" in metrics
+    assert sum("non-finite loss" in r.getMessage() for r in caplog.records) == 2
+    final = load_checkpoint(model.trainer.wdir / "last.pt")
+    assert final["optimizer"] is None  # a finished run drops the optimizer
+    assert all(v.dtype == torch.float32 for v in final["model"].values() if v.is_floating_point())
+    assert all(torch.isfinite(v).all() for v in final["model"].values() if v.is_floating_point())
+    assert len(list(model.trainer.wdir.glob("best_epoch*.pt"))) == 1  # save_topk=1 keeps one
+
+
+def test_too_many_nonfinite_losses_in_a_row_fail_after_saving_last(tiny):
+    seen = []
+    model = YOLO("yolox-nano.yaml").add_callback("on_train_batch_loss_end", poison(set(range(100))))
+    model.add_callback("on_exception", lambda t: seen.append(type(t.exception).__name__))
+    with pytest.raises(NonFiniteLossError, match="NaN/inf for 5 batches in a row"):
+        model.train(**{**tiny, "epochs": 3, "batch": 4})
+    assert seen == ["NonFiniteLossError"]
+    assert (model.trainer.wdir / "last.pt").is_file()
+
+
+def test_time_limit_stops_cleanly(tiny):
+    model = YOLO("yolox-nano.yaml")
+    metrics = model.train(**{**tiny, "epochs": 50, "time": 1e-6})
+    assert model.trainer.epoch == 0 and model.trainer.batch_i == 0
+    assert "time limit" in model.trainer.stop_reason and "metrics/mAP50-95(B)" in metrics
