@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +41,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
     opts = parser.parse_args()
-    data = Path(tempfile.mkdtemp()) / "shapes.yaml"
     args = get_config({"imgsz": opts.imgsz, "batch": opts.batch})
     names = {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}
     train = str(SHARED / "datasets" / "shapes" / "images" / "train")

@@ -46,7 +46,7 @@ def test_unknown_mode():
 def test_cfg_prints_every_setting_with_its_comment():
     proc = cli("cfg")
     assert proc.returncode == 0
-    for key, default, comment in describe_settings():
+    for key, _default, comment in describe_settings():
         if key != "#":
             assert key in proc.stdout and comment in proc.stdout, key
     assert cli("version").stdout.strip() and "Usage" in cli("help").stdout

@@ -11,8 +11,9 @@ in-training validator), val, predict and export.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import ConfigError, get_config

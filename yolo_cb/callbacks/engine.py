@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 import types
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from yolo_cb.callbacks.events import EVENTS
 from yolo_cb.utils.log import LOGGER
@@ -107,13 +108,13 @@ class Callbacks:
         for event, entry in self._defaults:
             self._entries[event].append(entry)
 
-    def extend(self, other: "Callbacks") -> None:
+    def extend(self, other: Callbacks) -> None:
         """Add every entry of `other` (keeping its group and policy) after ours of the same group."""
         for event, entries in other._entries.items():
             for e in entries:
                 self.add_callback(event, e.fn, on_error=e.on_error, group=e.group, name=e.name, owner=e.owner)
 
-    def copy(self) -> "Callbacks":
+    def copy(self) -> Callbacks:
         new = Callbacks()
         new.extend(self)
         return new

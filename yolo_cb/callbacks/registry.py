@@ -11,7 +11,8 @@ Accepted declarations (CLI `callbacks=` comma-separated, or a YAML `callbacks:` 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS

@@ -24,7 +24,7 @@ from yolo_cb.config import Config, save_config
 from yolo_cb.engine.ema import ModelEMA, unwrap
 from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
 from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.checkpoint import load_checkpoint, save_checkpoint
+from yolo_cb.utils.checkpoint import load_checkpoint, rng_states, save_checkpoint, set_rng_states, strip_optimizer
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
@@ -100,7 +100,7 @@ class Trainer:
     def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
         if items is None:
             return {f"{prefix}/{name}": 0.0 for name in self.loss_names}
-        return {f"{prefix}/{name}": round(float(v), 5) for name, v in zip(self.loss_names, items)}
+        return {f"{prefix}/{name}": round(float(v), 5) for name, v in zip(self.loss_names, items, strict=True)}
 
     # --- the run ------------------------------------------------------------------------
     def train(self) -> dict:
@@ -288,7 +288,8 @@ class Trainer:
         self.train_loader.set_epoch(self.epoch)
         self.tloss = None
         self.optimizer.zero_grad(set_to_none=True)
-        for self.batch_i, self.batch in enumerate(self.train_loader):
+        for batch_i, batch in enumerate(self.train_loader):
+            self.batch_i, self.batch = batch_i, batch
             self._train_batch()
             self.run_callbacks("on_train_batch_end")
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
@@ -519,36 +520,3 @@ def threading_main() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def rng_states() -> dict:
-    """torch / numpy / python RNG states as plain data (weights_only-loadable)."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    states = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    npst = states["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["cached_gaussian"]))
-    py = states["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def strip_optimizer(path: Path) -> None:
-    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32."""
-    ckpt = load_checkpoint(path)
-    ckpt["optimizer"] = None
-    ckpt["scaler"] = None
-    save_checkpoint(ckpt, path)

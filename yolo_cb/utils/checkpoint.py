@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import pickle
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from yolo_cb.utils.files import atomic_write_bytes
@@ -61,3 +63,36 @@ def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = Fal
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     model.names = names
     return model.float().eval()
+
+
+def rng_states() -> dict:
+    """torch / numpy / python RNG states as plain data (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    npst = states["numpy"]
+    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["cached_gaussian"]))
+    py = states["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def strip_optimizer(path: Path) -> None:
+    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32."""
+    ckpt = load_checkpoint(path)
+    ckpt["optimizer"] = None
+    ckpt["scaler"] = None
+    save_checkpoint(ckpt, path)

@@ -25,7 +25,7 @@ def plot_results(csv_path: Path) -> Path | None:
     cols = 5
     lines = max(1, -(-len(columns) // cols))
     fig, axes = plt.subplots(lines, cols, figsize=(3 * cols, 2.4 * lines), squeeze=False)
-    for ax, column in zip(axes.flat, columns):
+    for ax, column in zip(axes.flat, columns, strict=False):
         values = [float(r[column]) if r.get(column) not in (None, "") else float("nan") for r in rows]
         ax.plot(epochs, values, marker=".", linewidth=1.5)
         ax.set_title(column, fontsize=9)
