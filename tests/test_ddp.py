@@ -66,3 +66,20 @@ def test_torchrun_module_entry(tiny, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "runs" / "exp" / "weights" / "best.pt").is_file()
     assert not (tmp_path / "runs" / "exp2").exists()  # rank 1 did not make a run dir of its own
+
+
+def test_ddp_resume_from_rank0_checkpoint(tiny, tmp_path):
+    first = YOLO("yolox-nano.yaml")
+    first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
+    first.train(**{**tiny, "epochs": 2, "nproc": 2, "device": "cpu"})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    from yolo_cb.utils.checkpoint import load_checkpoint
+
+    assert load_checkpoint(last)["epoch"] == 0
+    starts = tmp_path / "starts"
+    starts.mkdir()
+    resumed = YOLO()
+    resumed.add_callback("on_train_start", lambda t: (starts / f"rank{t.rank}").write_text(str(t.start_epoch)))
+    metrics = resumed.train(resume=str(last), nproc=2, device="cpu")
+    assert (starts / "rank0").read_text() == (starts / "rank1").read_text() == "1"
+    assert "metrics/mAP50-95(B)" in metrics and load_checkpoint(last)["epoch"] == 1

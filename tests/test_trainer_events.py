@@ -66,14 +66,16 @@ def test_raising_callback_saves_last_fires_exception_and_teardown(tiny, tmp_path
     assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None
 
 
-def test_disable_policy_callback_does_not_stop_training(tiny):
+def test_disable_policy_callback_does_not_stop_training(tiny, caplog):
     def broken(trainer):
         raise RuntimeError("logging server down")
 
     model = YOLO("yolox-nano.yaml")
     model.add_callback("on_train_batch_end", broken, on_error="disable")
-    metrics = model.train(**tiny)
+    metrics = model.train(**tiny, verbose=True)
     assert "metrics/mAP50-95(B)" in metrics
+    table = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("callbacks (event, group"))
+    assert "on_train_batch_end" in table and "disable" in table and "broken" in table
 
 
 def test_stop_at_batch_two_ends_epoch_early_and_run_cleanly(tiny):
