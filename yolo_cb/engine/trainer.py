@@ -150,7 +150,11 @@ class Trainer:
         self._seed(args.seed + max(self.rank, 0), args.deterministic)
         from yolo_cb.data.resolve import check_data
 
+        if self.rank > 0:
+            distributed.barrier()  # let rank 0 download or generate the dataset first
         self.data = check_data(args.data or "shapes.yaml", args.datasets_dir)
+        if self.rank == 0:
+            distributed.barrier()
         self._build_model()
         self._build_loaders()
         self._build_optimizer()
