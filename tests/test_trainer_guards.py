@@ -49,3 +49,20 @@ def test_time_limit_stops_cleanly(tiny):
     metrics = model.train(**{**tiny, "epochs": 50, "time": 1e-6})
     assert model.trainer.epoch == 0 and model.trainer.batch_i == 0
     assert "time limit" in model.trainer.stop_reason and "metrics/mAP50-95(B)" in metrics
+
+
+def test_fine_tune_from_checkpoint_transfers_matching_weights(tiny, coco8_yaml, caplog):
+    first = YOLO("yolox-nano.yaml")
+    first.train(**tiny)
+    best = first.trainer.wdir / "best.pt"
+    tuned = YOLO(str(best))  # 4 classes -> coco8's 80: every tensor but the class head transfers
+    tuned.train(**{**tiny, "data": str(coco8_yaml), "name": "tuned"})
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("transferred"))
+    moved, total = map(int, line.split()[1].split("/"))
+    assert 0.9 * total < moved < total
+    assert load_checkpoint(tuned.trainer.wdir / "last.pt")["names"][79] == "toothbrush"
+
+
+def test_val_of_a_model_config_asks_for_weights():
+    with pytest.raises(FileNotFoundError, match="needs trained weights"):
+        YOLO("yolox-nano.yaml").val(data="shapes.yaml")

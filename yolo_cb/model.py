@@ -104,6 +104,7 @@ class YOLO:
         from yolo_cb.engine.validator import Validator
 
         args = get_config({**self.overrides, **kwargs, "mode": "val", "model": kwargs.get("model", self.source)})
+        self._require_weights("val", args.model)
         setup_logging(args.verbose)
         validator = Validator(args, callbacks=self._engine_callbacks(args))
         self.metrics = validator(model=args.model)
@@ -113,6 +114,7 @@ class YOLO:
         from yolo_cb.engine.predictor import Predictor
 
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)})
+        self._require_weights("predict", args.model)
         setup_logging(args.verbose)
         predictor = Predictor(args, callbacks=self._engine_callbacks(args))
         return predictor(source=source if source is not None else args.source, model=args.model, stream=stream)
@@ -123,9 +125,16 @@ class YOLO:
         # export batch defaults to 1 (the training default of 16 would make a static batch-16 model)
         args = get_config({"batch": 1, **{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export",
                            "model": kwargs.get("model", self.source)})
+        self._require_weights("export", args.model)
         setup_logging(args.verbose)
         exporter = Exporter(args, callbacks=self._engine_callbacks(args))
         return exporter(model=args.model)
+
+    def _require_weights(self, mode: str, model: Any) -> None:
+        """val/predict/export need trained weights, not an architecture YAML."""
+        if isinstance(model, (str, Path)) and str(model).endswith((".yaml", ".yml")):
+            raise FileNotFoundError(f"{mode} needs trained weights (.pt, .onnx or .torchscript), but model is the config '{model}'. "
+                                    f"Train first (model.train(...) then model.{mode}(...)), or pass model=path/to/best.pt")
 
     def __repr__(self) -> str:
         return f"YOLO({self.source!r})"
