@@ -26,6 +26,8 @@ bench: venv
 	$(BIN)/python benchmarks/callbacks.py
 	$(BIN)/python benchmarks/dataloader.py
 	$(BIN)/python benchmarks/inference.py
+	$(BIN)/python benchmarks/train_step.py
+	$(BIN)/python benchmarks/convergence.py
 
 lint: venv
 	$(BIN)/ruff check yolo_cb tests benchmarks

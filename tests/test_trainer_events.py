@@ -143,3 +143,16 @@ def test_cli_yaml_and_python_declarations_register_the_same(tiny, tmp_path):
     from_python = build_trainer_callbacks(get_config({}), model.callbacks)
     table = lambda c: [(e.group, e.name) for e in c.entries()]  # noqa: E731
     assert table(from_cli) == table(from_yaml) == table(from_python)
+
+
+def test_one_registration_reaches_train_val_export_and_predict(tiny, tmp_path, shapes_dir):
+    seen = Counter()
+    model = YOLO("yolox-nano.yaml")
+    for event in ("on_train_end", "on_val_end", "on_export_end", "on_predict_end"):
+        model.add_callback(event, lambda obj, e=event: seen.update([(e, type(obj).__name__)]))
+    model.train(**tiny)
+    model.val(project=str(tmp_path / "val"))
+    model.export(format="onnx")
+    model.predict(str(sorted((shapes_dir / "images" / "val").glob("*.jpg"))[0]), project=str(tmp_path / "predict"))
+    assert seen == Counter({("on_train_end", "Trainer"): 1, ("on_val_end", "Validator"): 3, ("on_export_end", "Exporter"): 1,
+                            ("on_predict_end", "Predictor"): 1})

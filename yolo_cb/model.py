@@ -88,6 +88,7 @@ class YOLO:
 
             self.metrics = launch_ddp(args, self.callbacks, model=self.source if not resume_ckpt else None, resume=str(resume_path) if resume_path else None)
             self.source = str(self.metrics.pop("_best_pt", self.source))
+            self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}
             return self.metrics
         trainer = Trainer(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=self.source if not resume_ckpt else None)
         if resume_ckpt is not None:
@@ -98,6 +99,7 @@ class YOLO:
         best = trainer.wdir / "best.pt"
         if best.is_file():
             self.source = str(best)
+        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
         return self.metrics
 
     def val(self, **kwargs) -> dict:
