@@ -57,7 +57,7 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
 
 
 def test_torchrun_module_entry(tiny, tmp_path):
-    args = [f"{k}={v}" for k, v in {**tiny, "epochs": 1, "device": "cpu"}.items()]
+    args = [f"{k}={v}" for k, v in {**tiny, "epochs": 1, "device": "cpu", "sync_bn": True}.items()]
     from yolo_cb.engine.ddp import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "yolo_cb", "train", *args]
@@ -66,6 +66,7 @@ def test_torchrun_module_entry(tiny, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "runs" / "exp" / "weights" / "best.pt").is_file()
     assert not (tmp_path / "runs" / "exp2").exists()  # rank 1 did not make a run dir of its own
+    assert "sync_bn=True needs CUDA" in proc.stdout + proc.stderr  # on CPU: a clear warning, plain BatchNorm
 
 
 def test_ddp_resume_from_rank0_checkpoint(tiny, tmp_path):

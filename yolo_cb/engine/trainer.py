@@ -280,8 +280,10 @@ class Trainer:
             return
         from torch.nn.parallel import DistributedDataParallel
 
-        if self.args.sync_bn:
+        if self.args.sync_bn and self.device.type == "cuda":
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        elif self.args.sync_bn:
+            LOGGER.warning("WARNING sync_bn=True needs CUDA (PyTorch's SyncBatchNorm runs on GPUs only); plain BatchNorm is used on CPU")
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.model = DistributedDataParallel(self.model, device_ids=ids, find_unused_parameters=False)
 
