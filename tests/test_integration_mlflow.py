@@ -174,16 +174,16 @@ def test_run_status_on_error_and_interrupt(env, tiny, error, status):
 @pytest.mark.slow
 def test_unreachable_server_one_warning_and_training_completes(tiny, monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    start = time.perf_counter()
     model = YOLO("yolox-nano.yaml")
     metrics = model.train(**{**tiny, "mlflow": True})
     assert "fitness" in metrics
     found = mlflow_warnings(caplog)
     assert len(found) == 1, found
     assert "unreachable" in found[0] and "training goes on" in found[0]
-    spent = sum(r["total_s"] for r in model.trainer.callbacks.stats() if r["callback"].startswith("mlflow."))
-    assert spent < 15, f"the MLflow callbacks took {spent:.1f}s with an unreachable server"
-    assert time.perf_counter() - start < 600
+    # the up-front TCP check caught it ("unreachable"), so MLflow's retrying HTTP client was never used,
+    # and the integration stayed off for every later event
+    owner = next(e.owner for e in model.trainer.callbacks.entries() if e.name.startswith("mlflow."))
+    assert owner.off is True
 
 
 @pytest.mark.slow
