@@ -41,14 +41,14 @@ def server(tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
                     break
             except OSError:
                 pass
-            if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
         yield uri

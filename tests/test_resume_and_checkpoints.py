@@ -62,8 +62,8 @@ def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path):
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "yolo_cb", "train", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 300
-        while "2/500" not in log.read_text() and time.time() < deadline and proc.poll() is None:  # epoch 1 saved, epoch 2 under way
+        deadline = time.monotonic() + 300
+        while "2/500" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:  # epoch 1 saved, epoch 2 under way
             time.sleep(0.05)
         seen_before = len(batches.read_text().split())
         proc.send_signal(signal.SIGINT)
