@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.utils.checkpoint import save_checkpoint, serialize_checkpoint
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
@@ -114,14 +115,14 @@ class Checkpoint:
     def on_model_save(self, trainer):
         if not trainer.is_main or not trainer.args.save:
             return
-        ckpt = trainer.checkpoint_dict()
+        ckpt = serialize_checkpoint(trainer.checkpoint_dict())  # once, however many files it goes to
         weights = trainer.wdir
-        trainer.save_checkpoint_file(ckpt, weights / "last.pt")
+        save_checkpoint(ckpt, weights / "last.pt")
         if trainer.improved:
-            trainer.save_checkpoint_file(ckpt, weights / "best.pt")
+            save_checkpoint(ckpt, weights / "best.pt")
         period = trainer.args.save_period
         if period > 0 and (trainer.epoch + 1) % period == 0:
-            trainer.save_checkpoint_file(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
+            save_checkpoint(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
         self._keep_topk(trainer, ckpt)
 
     def _keep_topk(self, trainer, ckpt):
@@ -131,7 +132,7 @@ class Checkpoint:
         self.topk.append((float(trainer.fitness), trainer.epoch + 1))
         self.topk.sort(key=lambda item: -item[0])
         if (float(trainer.fitness), trainer.epoch + 1) in self.topk[:k]:
-            trainer.save_checkpoint_file(ckpt, trainer.wdir / f"best_epoch{trainer.epoch + 1}.pt")
+            save_checkpoint(ckpt, trainer.wdir / f"best_epoch{trainer.epoch + 1}.pt")
         for _, epoch in self.topk[k:]:
             (trainer.wdir / f"best_epoch{epoch}.pt").unlink(missing_ok=True)
         self.topk = self.topk[:k]

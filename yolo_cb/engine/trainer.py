@@ -427,9 +427,6 @@ class Trainer:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
-    def save_checkpoint_file(self, ckpt: dict, path: Path) -> None:
-        save_checkpoint(ckpt, path)
-
     def _save_on_error(self) -> None:
         """On an exception or signal: save last.pt with the current weights (epoch = last completed one)."""
         if not (self.setup_done and self.is_main and self.args.save):
@@ -489,7 +486,7 @@ class Trainer:
 
     # --- signals and summaries ------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
-        if threading_main() is False:
+        if not threading_main():  # signal handlers can only be installed from the main thread
             return {}
         previous = {}
 

@@ -22,11 +22,16 @@ class UnsafeCheckpointError(RuntimeError):
     """The file holds pickled objects beyond tensors and primitives; it was not loaded."""
 
 
-def save_checkpoint(ckpt: dict[str, Any], path: Path) -> Path:
-    """Serialise to memory first, then write atomically (temp file, fsync, os.replace)."""
+def serialize_checkpoint(ckpt: dict[str, Any]) -> bytes:
+    """The checkpoint as bytes (torch.save format), to write to one or several files."""
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
-    atomic_write_bytes(Path(path), buffer.getvalue())
+    return buffer.getvalue()
+
+
+def save_checkpoint(ckpt: dict[str, Any] | bytes, path: Path) -> Path:
+    """Write a checkpoint (a dict, or bytes from serialize_checkpoint) atomically: temp file, fsync, os.replace."""
+    atomic_write_bytes(Path(path), ckpt if isinstance(ckpt, bytes) else serialize_checkpoint(ckpt))
     return Path(path)
 
 
