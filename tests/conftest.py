@@ -13,6 +13,27 @@ SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the test callback package `cbpkg`
 
 
+def _checkout_files() -> set[str]:
+    """Files in the checkout, git-ignored ones included, except the venv and Python's own byte-code caches."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+    return {line for line in out.splitlines() if not any(part in line for part in (".venv/", "__pycache__", ".egg-info/"))}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_writes_nothing_into_the_checkout():
+    """Tests write under tmp_path only: the checkout (runs/, datasets/, logs, caches) is the same after the suite."""
+    before = _checkout_files()
+    yield
+    added = sorted(_checkout_files() - before)
+    assert not added, f"the test suite wrote into the checkout {ROOT}: {added[:10]}"
+
+
 def _need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is missing (../shared datasets)")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,29 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 600
 
 
-def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path):
+@pytest.fixture
+def writable_small_yaml(tmp_path, shapes_small_yaml):
+    """The small shapes subset in a writable folder (images linked, labels copied), so label caches are written there."""
+    import yaml
+
+    folder = tmp_path / "data"
+    spec = yaml.safe_load(shapes_small_yaml.read_text())
+    for split in ("train", "val"):
+        for line in (Path(spec["path"]) / spec[split]).read_text().split():
+            image = Path(line)
+            label = image.parents[2] / "labels" / split / f"{image.stem}.txt"
+            (folder / "images" / split).mkdir(parents=True, exist_ok=True)
+            (folder / "labels" / split).mkdir(parents=True, exist_ok=True)
+            (folder / "images" / split / image.name).symlink_to(image)
+            if label.is_file():
+                (folder / "labels" / split / label.name).write_text(label.read_text())
+    path = folder / "data.yaml"
+    path.write_text(yaml.safe_dump({**spec, "path": str(folder), "train": "images/train", "val": "images/val"}))
+    return path
+
+
+def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path, writable_small_yaml):
+    tiny = {**tiny, "data": str(writable_small_yaml)}  # a writable dataset: the label caches are written (by rank 0 only)
     markers = tmp_path / "markers"
     markers.mkdir()
 
@@ -54,6 +77,7 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     assert not (markers / "writes_rank1.txt").exists()
     written = (markers / "writes_rank0.txt").read_text()
     assert "last.pt" in written and "results.csv" in written
+    assert "labels/train.yolo_cb.cache" in written and "labels/val.yolo_cb.cache" in written
 
 
 def test_torchrun_module_entry(tiny, tmp_path):

@@ -79,7 +79,7 @@ def test_passes_on_the_real_model(tiny, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ONNX check")]
     assert [line.split(":")[0] for line in lines] == ["ONNX check (pretrain)", "ONNX check (best.pt)"]
     for line in lines:
-        match = re.fullmatch(r"ONNX check \(.+\): max abs (\S+), max rel (\S+) vs PyTorch — OK", line)
+        match = re.fullmatch(r"ONNX check \(.+\): difference (\S+) \(max abs (\S+)\) vs PyTorch — OK", line)
         assert match, line
         assert float(match.group(1)) <= tiny.get("onnx_check_tol", 1e-3)
     assert leftovers() <= before
@@ -87,7 +87,7 @@ def test_passes_on_the_real_model(tiny, caplog):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hook, pattern", [
-    (differs_when_traced, r"ONNX check \((pretrain|best\.pt)\): max abs 0\.5\d*, max rel \S+ vs PyTorch — max abs is above "
+    (differs_when_traced, r"ONNX check \((pretrain|best\.pt)\): difference 0\.5\d* \(max abs \S+\) vs PyTorch — above "
                           r"onnx_check_tol=0\.01: the ONNX model does NOT match PyTorch"),
     (not_exportable, r"ONNX check \((pretrain|best\.pt)\): the model cannot be exported to ONNX \(UnsupportedOperatorError: .*bessel_j0"),
 ], ids=["mismatch", "not-exportable"])

@@ -196,3 +196,66 @@ def test_loss_under_autocast_is_float32():
         out = YOLOXLoss(NC)(preds.bfloat16(), grid, strides, torch.tensor([[0, 1, 32, 32, 20, 20]]))
     assert out["total"].dtype == torch.float32
     check_finite(out)
+
+
+# --- SimOTA presets and switches (yolo_cb.loss.ASSIGNERS); parity with Megvii itself is tests/test_loss_parity.py ---
+
+
+def test_assigner_presets_and_switches():
+    from yolo_cb.loss import ASSIGNERS
+
+    assert YOLOXLoss(NC).switches() == ASSIGNERS["yolo-cb"]
+    assert YOLOXLoss(NC, assigner="megvii").switches() == ASSIGNERS["megvii"]
+    assert set(ASSIGNERS["megvii"]) == set(ASSIGNERS["yolo-cb"])
+    one = YOLOXLoss(NC, rescue_unmatched=False)  # one switch off, the rest as the preset
+    assert one.switches() == {**ASSIGNERS["yolo-cb"], "rescue_unmatched": False}
+    with pytest.raises(ValueError):
+        YOLOXLoss(NC, assigner="ultralytics")
+    with pytest.raises(TypeError):
+        YOLOXLoss(NC, centre_radius=1.5)  # misspelt switch: loud, not ignored
+
+
+def test_dynamic_k_matching_without_rescue_leaves_the_loser_unmatched():
+    cost = torch.tensor([[1.0, 2.0, 9.0], [0.5, 8.0, 1.0]])
+    ious = torch.tensor([[0.9, 0.6, 0.0], [0.9, 0.0, 0.2]])  # k = 1 for both; both want cell 0, box 1 is cheaper
+    matching = YOLOXLoss.dynamic_k_matching(cost, ious, rescue_unmatched=False)
+    assert matching.tolist() == [[False, False, False], [True, False, False]]
+
+
+def test_center_radius_and_box_prior_set_the_candidates():
+    grid, strides = make_grid(128, 128)
+    gt = torch.tensor([[0, 64.0, 64.0, 100.0, 100.0]])  # a large box: its inside reaches far beyond 2.5 strides
+    preds = random_preds(1, grid.shape[0])[0].detach()
+    boxes = torch.cat(((preds[:, :2] + grid) * strides, preds[:, 2:4].exp() * strides), 1)
+    args = (gt[:, 1:5], gt[:, 0].long(), boxes, preds[:, 5:], preds[:, 4], grid, strides)
+    ours, megvii = YOLOXLoss(NC), YOLOXLoss(NC, assigner="megvii")
+    cand_ours = ours.matching_cost(*args)[0]
+    cand_megvii = megvii.matching_cost(*args)[0]
+    in_box, in_center = ours.geometry(gt[:, 1:5], grid, strides)
+    assert cand_ours.tolist() == (in_box | in_center)[0].nonzero().flatten().tolist()
+    in_center_15 = megvii.geometry(gt[:, 1:5], grid, strides)[1]
+    assert cand_megvii.tolist() == in_center_15[0].nonzero().flatten().tolist()
+    # 1.5 strides: at most 3 x 3 cells per level around the centre
+    assert len(cand_megvii) <= 27 < len(cand_ours)
+    assert set(cand_megvii.tolist()) < set(cand_ours.tolist())
+    box_only = YOLOXLoss(NC, assigner="megvii", box_prior=True).matching_cost(*args)[0]
+    assert set(box_only.tolist()) == set(((in_box | in_center_15)[0]).nonzero().flatten().tolist())
+
+
+def test_max_log_wh_none_does_not_clamp():
+    grid, strides = torch.zeros(1, 2), torch.ones(1, 1)
+    raw = torch.tensor([[0.0, 0.0, 12.0, 1.0]])
+    assert YOLOXLoss(NC).decode_boxes(raw, grid, strides)[0, 2] == pytest.approx(math.exp(10.0))
+    assert YOLOXLoss(NC, assigner="megvii").decode_boxes(raw, grid, strides)[0, 2] == pytest.approx(math.exp(12.0))
+
+
+@pytest.mark.parametrize("assigner", ["yolo-cb", "megvii"])
+def test_loss_runs_in_float64_when_given_float64(assigner):
+    grid, strides = make_grid(128, 128)
+    preds = random_preds(3, grid.shape[0]).double()
+    out = YOLOXLoss(NC, use_l1=True, assigner=assigner)(preds, grid.double(), strides.double(), batch_targets())
+    assert out["total"].dtype == torch.float64
+    check_finite(out)
+    out32 = YOLOXLoss(NC, use_l1=True, assigner=assigner)(preds.float(), grid, strides, batch_targets())
+    assert out32["total"].dtype == torch.float32
+    assert math.isclose(float(out["total"].detach()), float(out32["total"].detach()), rel_tol=1e-4)

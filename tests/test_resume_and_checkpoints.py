@@ -54,7 +54,7 @@ def test_resume_refuses_changes_to_what_is_trained(tiny, tmp_path):
         YOLO().train(resume=str(last), imgsz=128)
 
 
-def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path):
+def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path, monkeypatch):
     batches = tmp_path / "batches.log"
     args = [f"{k}={v}" for k, v in {**tiny, "epochs": 500, "callbacks": "on_train_batch_end=cbpkg:log_batch"}.items()]
     log = tmp_path / "train.log"
@@ -76,6 +76,7 @@ def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path):
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
     ckpt = load_checkpoint(last)
     assert ckpt["optimizer"] is not None and ckpt["epoch"] >= 1
+    monkeypatch.setenv("CBPKG_LOG", str(batches))  # the resumed run re-applies the saved cbpkg:log_batch callback in this process
     resumed = YOLO()
     resumed.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
     metrics = resumed.train(resume=str(last))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
+from yolo_cb.errors import ConfigError
 from yolo_cb.engine.trainer import NonFiniteLossError
 from yolo_cb.utils.checkpoint import load_checkpoint
 
@@ -56,7 +57,10 @@ def test_fine_tune_from_checkpoint_transfers_matching_weights(tiny, coco8_yaml, 
     first.train(**tiny)
     best = first.trainer.wdir / "best.pt"
     tuned = YOLO(str(best))  # 4 classes -> coco8's 80: every tensor but the class head transfers
-    tuned.train(**{**tiny, "data": str(coco8_yaml), "name": "tuned"})
+    settings = {k: v for k, v in tiny.items() if k != "model"}
+    with pytest.raises(ConfigError, match="names another"):  # two different models named: refused, not one silently dropped
+        tuned.train(**{**tiny, "data": str(coco8_yaml), "name": "tuned"})
+    tuned.train(**{**settings, "data": str(coco8_yaml), "name": "tuned"})
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("transferred"))
     moved, total = map(int, line.split()[1].split("/"))
     assert 0.9 * total < moved < total

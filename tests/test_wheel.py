@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -19,9 +20,21 @@ def run(cmd, **kw):
     return proc
 
 
+def source_copy(folder: Path) -> Path:
+    """The project's files (tracked, or new and not ignored) copied to `folder`: building there leaves the checkout untouched."""
+    listed = run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, folder / name)
+    return folder
+
+
 def test_wheel_install_runs_cfg_and_resolves_shapes(tmp_path):
     dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)])
+    source = source_copy(tmp_path / "source")  # setuptools writes build/ beside the sources
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)])
     wheel = next(dist.glob("yolo_cb-*.whl"))
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)])

@@ -1,14 +1,18 @@
 """`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
 
 Modes: train, val, predict, export; and `yolo-cb cfg | help | version`.
-A usage error prints one clear message (no traceback) and exits with status 2.
+A usage error, or any error the user can fix (yolo_cb.errors.UserError: bad settings, data, checkpoint, an
+unwritable project=), prints one clear message (no traceback) and exits with status 2; other errors are bugs
+and keep their traceback (exit 1).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
-from yolo_cb.config import ConfigError, describe_settings, load_defaults
+from yolo_cb.config import describe_settings, load_defaults
+from yolo_cb.errors import UserError
 from yolo_cb.utils.suggest import did_you_mean
 
 MODES = ("train", "val", "predict", "export")
@@ -98,25 +102,41 @@ def run(argv: list[str]) -> object:
 
     args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import YOLO
+    from yolo_cb.model import DEFAULT_MODEL, YOLO
 
-    model = YOLO(args.model or ("yolox-nano.yaml" if mode == "train" else None))
+    model = YOLO(args.model or (DEFAULT_MODEL if mode == "train" else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     call = {"train": model.train, "val": model.val, "predict": model.predict, "export": model.export}[mode]
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     return call(**kwargs)
 
 
-def entrypoint(argv: list[str] | None = None) -> None:  # noqa: C901
+def user_error(error: BaseException) -> BaseException | None:
+    """The error to print as one line when `error` is the user's to fix, else None (a bug: keep the traceback).
+
+    User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
+    FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback (a full disk met
+    while the checkpoint callback saves)."""
+    unsafe = getattr(sys.modules.get("yolo_cb.utils.checkpoint"), "UnsafeCheckpointError", ())
+    if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
+        return error
+    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.engine"), "CallbackError", ())
+    if callback_error and isinstance(error, callback_error) and user_error(error.error) is not None:
+        return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')")
+    return None
+
+
+def entrypoint(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         run(argv)
-    except (UsageError, ConfigError) as error:
-        print(f"yolo-cb: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except FileNotFoundError as error:
-        print(f"yolo-cb: error: {error}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:  # e.g. `yolo-cb cfg | head`
         sys.stderr.close()
+    except Exception as error:
+        shown = user_error(error)
+        if shown is None:
+            raise  # a bug: the traceback is what helps
+        message = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(shown))  # no terminal escapes from wrapped library messages
+        print(f"yolo-cb: error: {message}", file=sys.stderr)
+        sys.exit(2)

@@ -13,12 +13,11 @@ from typing import Any
 
 import yaml
 
+from yolo_cb.errors import ConfigError, load_yaml
 from yolo_cb.paths import DEFAULT_CFG
 from yolo_cb.utils.suggest import did_you_mean
 
-
-class ConfigError(ValueError):
-    """A setting is unknown, of the wrong type, or out of range."""
+__all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "save_config"]
 
 
 # Per-key type rules. Keys not listed take the type of their default (bool, int, float, str).
@@ -94,6 +93,10 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in FREE:
         if key == "classes":
             return _coerce_classes(value)
+        if key == "callbacks":
+            if value not in (None, "", [], {}, False):
+                check_callbacks(value)
+            return value
         if key == "device" and isinstance(value, (list, tuple)):
             return ",".join(str(v) for v in value)
         if key in ("device", "name", "project", "datasets_dir", "model", "data", "cfg") and value is not None:
@@ -146,6 +149,65 @@ def _coerce_classes(value: Any) -> list[int] | None:
         raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
 
 
+CALLBACK_FORMS = "NAME (registered), EVENT=module:function, or module:Class"
+
+
+def check_callbacks(value: Any) -> None:
+    """Raise ConfigError for a `callbacks` declaration that cannot work, before any work starts: a malformed item,
+    an unknown event or registered name, a module that does not import, a missing attribute, a non-callable.
+
+    Nothing is instantiated here (a class's constructor runs once, when the callbacks are built)."""
+    from yolo_cb.callbacks.engine import event_methods
+    from yolo_cb.callbacks.events import EVENTS
+    from yolo_cb.callbacks.registry import import_object, parse_specs, registered_names
+
+    def bad(item: Any, reason: str) -> ConfigError:
+        return ConfigError(f"invalid value for 'callbacks': item {item!r}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
+
+    try:
+        items = parse_specs(value)
+    except ValueError as error:
+        raise ConfigError(f"invalid value for 'callbacks': {error}; expected {CALLBACK_FORMS}") from None
+    for item in items:
+        if isinstance(item, dict):
+            pairs = [(k, v, k in EVENTS) for k, v in item.items()]
+        elif isinstance(item, str):
+            event, eq, path = item.partition("=")
+            pairs = [(event.strip(), path.strip(), True)] if eq else [(item.strip(), None, False)]
+        else:
+            raise bad(item, f"a {type(item).__name__}, not a string or a mapping")
+        for key, arg, is_event in pairs:
+            if not isinstance(key, str) or not key:
+                raise bad(item, "no event or callback name before '='" if is_event else "an empty name")
+            if is_event:
+                if key not in EVENTS:
+                    raise bad(item, f"unknown event '{key}'.{did_you_mean(key, EVENTS)}")
+                if isinstance(arg, str):
+                    if not arg:
+                        raise bad(item, f"no function after '{key}='; write {key}=module:function")
+                    try:
+                        arg = import_object(arg)
+                    except ValueError as error:
+                        raise bad(item, str(error)) from None
+                if not callable(arg):
+                    raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else arg!r} is a {type(arg).__name__}, "
+                                    f"not callable; point to a function fn(obj)")
+                continue
+            if key in registered_names():
+                if arg is not None and not isinstance(arg, dict):
+                    raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {arg!r}")
+                continue
+            if ":" not in key and "." not in key:
+                raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
+                                f"Registered: {', '.join(registered_names())}")
+            try:
+                obj = import_object(key)
+                if not isinstance(obj, type):
+                    event_methods(obj)  # an object must have on_* methods naming events
+            except ValueError as error:
+                raise bad(item, str(error)) from None
+
+
 class Config(SimpleNamespace):
     """The resolved settings; attribute access (args.epochs) and dict conversion."""
 
@@ -175,7 +237,7 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
         path = Path(str(cfg_file)).expanduser()
         if not path.is_file():
             raise ConfigError(f"cfg={cfg_file}: file not found")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
         check_keys(loaded, defaults, source=str(path))

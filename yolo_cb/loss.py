@@ -17,6 +17,68 @@ OUTSIDE_PENALTY = 1e5  # cost added when a cell is not in both the box and its c
 MAX_LOG_WH = 10.0  # raw log-size is clamped here before exp so a diverging prediction cannot overflow (e^10 strides)
 EPS = 1e-8  # guards log() and divisions against zero
 
+# SimOTA variants. Each key is one switch (an attribute of YOLOXLoss, settable on its own); "megvii" reproduces the
+# assignment of Megvii's current YOLOX (main branch, yolox/models/yolo_head.py since PR #1589, Jan 2023) and is checked
+# against their losses by tests/test_loss_parity.py; "yolo-cb" is our default. The last tagged YOLOX release, 0.3.0
+# (Apr 2022), predates #1589: it is "megvii" with center_radius=2.5, box_prior=True, outside_penalty=1e5 (that
+# combination is not checked against a reference). What each switch does and why ours differs:
+#
+#   center_radius     2.5 | 1.5   Half-width, in strides, of the square around a box centre whose cells may learn the box.
+#                                 2.5 is the value of YOLOX up to release 0.3.0; Megvii narrowed it to 1.5 (a
+#                                 3x3-cell "centre sampling" region per level, as the paper describes) in PR #1589, which
+#                                 reported YOLOX-s 40.1 -> 40.6 COCO mAP (tiny unchanged at 31.6). No reason is recorded
+#                                 in our git history: ours follows the older YOLOX code, and was never measured against 1.5.
+#   box_prior         True | False  Cells whose centre is inside the box are candidates too (candidates = in box OR in
+#                                 centre region), and the cost penalises cells not in box AND centre region. This is the
+#                                 YOLOX 0.3.0 rule (same origin as 2.5 above). Megvii replaced it in PR #1589 ("fix
+#                                 no-candidate anchor issue for tiny objects": a box containing no cell centre had no cell
+#                                 in "box and centre", so all its candidates were penalised). Current Megvii: candidates
+#                                 and the penalty both use the centre region only.
+#   outside_penalty   1e5 | 1e6   Cost added for a candidate outside the (core) region of that box, so it is taken only
+#                                 when the box's k exceeds its in-region candidates. 1e5 is YOLOX 0.3.0's value, 1e6 the
+#                                 current one; in float32 it also sets how finely penalised costs are still ordered
+#                                 (ulp 0.008 at 1e5, 0.06 at 1e6).
+#   neither_penalty   True | False  Ours: the penalty is added once more when the cell is in neither the box nor the
+#                                 centre region of that box, so a box whose k exceeds its core cells prefers cells of its
+#                                 own prior region over cells that are candidates only because of another box (the reason
+#                                 is inferred: git records only the OUTSIDE_PENALTY comment). Neither YOLOX version does
+#                                 this. It changes anything only with box_prior (otherwise region == core, and the doubled
+#                                 penalty orders nothing differently).
+#   rescue_unmatched  True | False  Ours (commit 47a6c15): a box that lost every cell it chose to cheaper claims by other
+#                                 boxes takes its cheapest still-unclaimed candidate, so that no box goes unlearned in
+#                                 crowded scenes. Megvii leaves such a box without a positive for that iteration.
+#   max_log_wh        10.0 | None  Ours: the raw log-size output is clamped at this value before exp(), in the loss and
+#                                 the assignment, so a diverging prediction cannot overflow to inf (e^10 strides); the
+#                                 clamp also zeroes that output's box gradient while it is above the limit. Megvii: no clamp.
+#
+# Not switches (identical in both modes): IoU cost weight 3, cost -log(IoU + 1e-8), class cost BCE(sqrt(cls * obj),
+# one-hot), dynamic k = max(1, int(sum of the top-10 IoUs over all candidates)), each box's k cheapest candidates,
+# a cell claimed by several boxes kept by the cheapest box (over all boxes), obj target 1 on foreground cells, cls
+# target one-hot * IoU, IoU loss 1 - IoU^2 summed, L1 on raw outputs, all divided by the batch's foreground count
+# (at least 1), IoU term times 5. Float-level differences that remain: we always compute the loss in at least float32
+# (Megvii in the outputs' dtype, so partly half under AMP; its class cost always float32) and torchvision's box IoU / log1p forms,
+# which agree with Megvii's to rounding; exact cost ties are broken by sort order, which may pick another of the tied
+# cells than torch.topk does.
+ASSIGNERS: dict[str, dict] = {
+    "yolo-cb": {
+        "center_radius": CENTER_RADIUS,
+        "box_prior": True,
+        "outside_penalty": OUTSIDE_PENALTY,
+        "neither_penalty": True,
+        "rescue_unmatched": True,
+        "max_log_wh": MAX_LOG_WH,
+    },
+    "megvii": {
+        "center_radius": 1.5,
+        "box_prior": False,
+        "outside_penalty": 1e6,
+        "neither_penalty": False,
+        "rescue_unmatched": False,
+        "max_log_wh": None,
+    },
+}
+DEFAULT_ASSIGNER = "yolo-cb"
+
 
 @dataclass
 class Assignment:
@@ -41,16 +103,56 @@ class YOLOXLoss(nn.Module):
 
     forward() returns {"total", "iou", "obj", "cls", "l1", "num_fg"}: the components are detached and already
     weighted, so total == iou + obj + cls + l1; num_fg is the count of foreground cells in the batch (float).
+    (Megvii's head reports num_fg divided by the batch's number of boxes instead.)
+
+    The SimOTA assignment follows a preset, `assigner`: "yolo-cb" (default) or "megvii" (Megvii's current YOLOX; on
+    their reference batch, tests/test_loss_parity.py reproduces their foreground count and IoU/obj/cls losses to 1e-4,
+    and their L1 up to which of several exactly tied cells is taken), with one attribute per departure
+    (center_radius, box_prior, outside_penalty, neither_penalty, rescue_unmatched, max_log_wh); ASSIGNERS above
+    says what each one does and why ours differs. The loss runs in float32, or float64 when given float64 outputs.
     """
 
-    def __init__(self, nc: int, box_weight: float = BOX_WEIGHT, loss_type: str = "iou", use_l1: bool = False):
+    loss_names = ("iou", "obj", "cls", "l1")  # the loss-dict components the trainer and validator report (as <name>_loss)
+
+    def __init__(
+        self,
+        nc: int,
+        box_weight: float = BOX_WEIGHT,
+        loss_type: str = "iou",
+        use_l1: bool = False,
+        assigner: str = DEFAULT_ASSIGNER,
+        **switches,
+    ):
+        """assigner: "yolo-cb" (default) or "megvii" (Megvii's current SimOTA, exactly); switches: any key of
+        ASSIGNERS[...] to override that one setting of the chosen preset, e.g. YOLOXLoss(nc, rescue_unmatched=False).
+        Each switch is also a plain attribute and may be changed after construction."""
         super().__init__()
         if loss_type not in ("iou", "giou"):
             raise ValueError(f"loss_type must be 'iou' or 'giou', got '{loss_type}'")
+        if assigner not in ASSIGNERS:
+            raise ValueError(f"assigner must be one of {sorted(ASSIGNERS)}, got '{assigner}'")
+        unknown = sorted(set(switches) - set(ASSIGNERS[assigner]))
+        if unknown:
+            raise TypeError(f"unknown SimOTA switch(es) {unknown}; known: {sorted(ASSIGNERS[assigner])}")
         self.nc = nc
         self.box_weight = box_weight  # weight of the IoU term
         self.loss_type = loss_type  # iou: 1 - IoU^2 (YOLOX); giou: 1 - GIoU
         self.use_l1 = use_l1  # add an L1 loss on raw box outputs (YOLOX turns it on for the last, no-augmentation epochs)
+        self.assigner = assigner  # the preset the switches below started from (they may since have been changed)
+        settings = {**ASSIGNERS[assigner], **switches}
+        self.center_radius: float = float(settings["center_radius"])
+        self.box_prior: bool = bool(settings["box_prior"])
+        self.outside_penalty: float = float(settings["outside_penalty"])
+        self.neither_penalty: bool = bool(settings["neither_penalty"])
+        self.rescue_unmatched: bool = bool(settings["rescue_unmatched"])
+        self.max_log_wh: float | None = None if settings["max_log_wh"] is None else float(settings["max_log_wh"])
+
+    def switches(self) -> dict:
+        """The current value of every SimOTA switch (see ASSIGNERS)."""
+        return {key: getattr(self, key) for key in ASSIGNERS[DEFAULT_ASSIGNER]}
+
+    def extra_repr(self) -> str:
+        return f"nc={self.nc}, assigner={self.assigner!r}, " + ", ".join(f"{k}={v}" for k, v in self.switches().items())
 
     def forward(self, preds: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor, targets: torch.Tensor) -> dict:
         """preds: raw head outputs (B, A, 5 + nc); grid: cell (x, y) (A, 2); strides: (A, 1);
@@ -58,11 +160,12 @@ class YOLOXLoss(nn.Module):
         if torch.is_autocast_enabled(preds.device.type):
             with torch.autocast(preds.device.type, enabled=False):  # the loss and assignment run in float32
                 return self.forward(preds, grid, strides, targets)
-        preds, grid, strides = preds.float(), grid.float(), strides.float()
+        dtype = torch.promote_types(preds.dtype, torch.float32)  # float32, or float64 when given float64
+        preds, grid, strides = preds.to(dtype), grid.to(dtype), strides.to(dtype)
         raw_box = preds[..., :4]
-        boxes = torch.cat(((raw_box[..., :2] + grid) * strides, torch.exp(raw_box[..., 2:4].clamp(max=MAX_LOG_WH)) * strides), dim=-1)
+        boxes = self.decode_boxes(raw_box, grid, strides)
         obj_logits, cls_logits = preds[..., 4], preds[..., 5:]
-        targets = targets.to(device=preds.device, dtype=torch.float32).reshape(-1, 6)
+        targets = targets.to(device=preds.device, dtype=dtype).reshape(-1, 6)
         if len(targets) and int(targets[:, 1].max()) >= self.nc:
             raise ValueError(f"target class {int(targets[:, 1].max())} out of range for a model with nc={self.nc}")
 
@@ -75,7 +178,7 @@ class YOLOXLoss(nn.Module):
             gt_cls, gt_boxes = gt[:, 1].long(), gt[:, 2:6]
             a = self.assign(gt_boxes, gt_cls, boxes[b].detach(), cls_logits[b].detach(), obj_logits[b].detach(), grid, strides)
             fg_masks.append(a.fg_mask)
-            cls_targets.append(F.one_hot(gt_cls[a.matched_gt], self.nc).float() * a.matched_iou[:, None])
+            cls_targets.append(F.one_hot(gt_cls[a.matched_gt], self.nc).to(dtype) * a.matched_iou[:, None])
             box_targets.append(gt_boxes[a.matched_gt])
             if self.use_l1:
                 l1_targets.append(self.encode_l1_target(gt_boxes[a.matched_gt], grid[a.fg_mask], strides[a.fg_mask]))
@@ -87,7 +190,7 @@ class YOLOXLoss(nn.Module):
         cls_target = torch.cat(cls_targets) if cls_targets else preds.new_zeros((0, self.nc))
 
         loss_iou = self.box_loss(boxes[fg], box_target).sum() / norm * self.box_weight
-        loss_obj = F.binary_cross_entropy_with_logits(obj_logits, fg.float(), reduction="sum") / norm
+        loss_obj = F.binary_cross_entropy_with_logits(obj_logits, fg.to(dtype), reduction="sum") / norm
         loss_cls = F.binary_cross_entropy_with_logits(cls_logits[fg], cls_target, reduction="sum") / norm
         if self.use_l1:
             l1_target = torch.cat(l1_targets) if l1_targets else preds.new_zeros((0, 4))
@@ -103,6 +206,11 @@ class YOLOXLoss(nn.Module):
             "l1": loss_l1.detach(),
             "num_fg": float(num_fg),
         }
+
+    def decode_boxes(self, raw_box: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
+        """Raw box outputs (..., A, 4) -> cx, cy, w, h in input pixels (log-size clamped at max_log_wh unless None)."""
+        log_wh = raw_box[..., 2:4] if self.max_log_wh is None else raw_box[..., 2:4].clamp(max=self.max_log_wh)
+        return torch.cat(((raw_box[..., :2] + grid) * strides, torch.exp(log_wh) * strides), dim=-1)
 
     def box_loss(self, pred_cxcywh: torch.Tensor, target_cxcywh: torch.Tensor) -> torch.Tensor:
         """Per-box IoU loss: 1 - IoU^2, or 1 - GIoU."""
@@ -130,38 +238,56 @@ class YOLOXLoss(nn.Module):
     ) -> Assignment:
         """SimOTA for one image. gt_boxes (G, 4) cxcywh pixels, gt_cls (G,); pred_boxes (A, 4) cxcywh pixels;
         cls_logits (A, nc); obj_logits (A,); grid (A, 2); strides (A, 1)."""
-        num_cells = pred_boxes.shape[0]
-        in_box, in_center = self.geometry(gt_boxes, grid, strides)
-        in_region = in_box | in_center  # (G, A)
-        candidates = in_region.any(dim=0).nonzero().squeeze(1)  # cells near at least one box
-        fg_mask = torch.zeros(num_cells, dtype=torch.bool, device=pred_boxes.device)
+        fg_mask = torch.zeros(pred_boxes.shape[0], dtype=torch.bool, device=pred_boxes.device)
+        candidates, cost, ious = self.matching_cost(gt_boxes, gt_cls, pred_boxes, cls_logits, obj_logits, grid, strides)
         if candidates.numel() == 0:
             empty = torch.zeros(0, dtype=torch.long, device=pred_boxes.device)
-            return Assignment(fg_mask, empty, empty.float())
+            return Assignment(fg_mask, empty, empty.to(pred_boxes.dtype))
+        matching = self.dynamic_k_matching(cost, ious, self.rescue_unmatched)
+        is_fg = matching.any(dim=0)
+        fg_mask[candidates[is_fg]] = True
+        matched_gt = matching[:, is_fg].to(ious.dtype).argmax(dim=0)
+        matched_iou = (matching.to(ious.dtype) * ious).sum(dim=0)[is_fg]
+        return Assignment(fg_mask, matched_gt, matched_iou)
 
+    @torch.no_grad()
+    def matching_cost(
+        self,
+        gt_boxes: torch.Tensor,
+        gt_cls: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        cls_logits: torch.Tensor,
+        obj_logits: torch.Tensor,
+        grid: torch.Tensor,
+        strides: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SimOTA's candidates (C,) (indices of the cells in some box's prior region), its cost (G, C) and the IoUs
+        (G, C) of each box with each candidate's predicted box. Arguments as for `assign`."""
+        in_box, in_center = self.geometry(gt_boxes, grid, strides)
+        if self.box_prior:
+            in_region, in_core = in_box | in_center, in_box & in_center  # (G, A)
+        else:
+            in_region = in_core = in_center
+        candidates = in_region.any(dim=0).nonzero().squeeze(1)  # cells near at least one box
         gt_xyxy = box_convert(gt_boxes, "cxcywh", "xyxy")
         ious = box_iou(gt_xyxy, box_convert(pred_boxes[candidates], "cxcywh", "xyxy")).nan_to_num(0.0)  # (G, C)
         cost = (
             self.classification_cost(cls_logits[candidates], obj_logits[candidates], gt_cls)
             + IOU_COST_WEIGHT * -torch.log(ious + EPS)
-            + OUTSIDE_PENALTY * (~(in_box & in_center)[:, candidates]).float()
-            + OUTSIDE_PENALTY * (~in_region[:, candidates]).float()
+            + self.outside_penalty * (~in_core[:, candidates]).to(ious.dtype)
         )
-        matching = self.dynamic_k_matching(cost, ious)
-        is_fg = matching.any(dim=0)
-        fg_mask[candidates[is_fg]] = True
-        matched_gt = matching[:, is_fg].float().argmax(dim=0)
-        matched_iou = (matching.float() * ious).sum(dim=0)[is_fg]
-        return Assignment(fg_mask, matched_gt, matched_iou)
+        if self.neither_penalty:
+            cost = cost + self.outside_penalty * (~in_region[:, candidates]).to(ious.dtype)
+        return candidates, cost, ious
 
-    @staticmethod
-    def geometry(gt_boxes: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(G, A) masks: cell centre strictly inside the box; cell centre within CENTER_RADIUS strides of the box centre."""
+    def geometry(self, gt_boxes: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(G, A) masks: cell centre strictly inside the box; cell centre strictly within center_radius strides of the
+        box centre (both axes)."""
         centers = (grid + 0.5) * strides  # (A, 2) cell centres in pixels
         half = gt_boxes[:, None, 2:4] / 2
         offset = centers[None] - gt_boxes[:, None, :2]  # (G, A, 2)
         in_box = (offset.abs() < half).all(dim=-1)
-        in_center = (offset.abs() < CENTER_RADIUS * strides[None]).all(dim=-1)
+        in_center = (offset.abs() < self.center_radius * strides[None]).all(dim=-1)
         return in_box, in_center
 
     @staticmethod
@@ -177,9 +303,10 @@ class YOLOXLoss(nn.Module):
         return all_negative[None, :] - (log_p - log_not_p)[:, gt_cls].T
 
     @staticmethod
-    def dynamic_k_matching(cost: torch.Tensor, ious: torch.Tensor) -> torch.Tensor:
+    def dynamic_k_matching(cost: torch.Tensor, ious: torch.Tensor, rescue_unmatched: bool = True) -> torch.Tensor:
         """(G, C) bool matching: each box takes its k cheapest candidates, k = clamp(sum of top-10 IoUs, min 1);
-        a candidate taken by several boxes keeps only the cheapest one; a box left with none takes its cheapest free one."""
+        a candidate taken by several boxes keeps only the cheapest one; with rescue_unmatched, a box left with none
+        takes its cheapest free one."""
         num_gt, num_cand = cost.shape
         dynamic_k = ious.topk(min(TOPK_CANDIDATES, num_cand), dim=1).values.sum(dim=1).int().clamp(min=1)
         order = cost.argsort(dim=1)
@@ -191,6 +318,8 @@ class YOLOXLoss(nn.Module):
             cheapest = cost[:, cols].argmin(dim=0)
             matching[:, cols] = False
             matching[cheapest, cols] = True
+            if not rescue_unmatched:
+                return matching
             # A box that lost every candidate to cheaper claims takes its cheapest unclaimed one (a departure from
             # YOLOX, which leaves such boxes unlearned in crowded scenes).
             claimed = matching.any(dim=0)

@@ -1,15 +1,26 @@
-"""Callbacks importable by path, for the CLI / YAML declaration tests."""
+"""Callbacks importable by path, for the CLI / YAML declaration tests and the kill/resume tests.
+
+Callbacks that write a file write only to $CBPKG_LOG (a test's tmp_path); without it they refuse,
+so no test can write into the checkout.
+"""
 
 import json
 import os
+import signal
 from pathlib import Path
 
 from yolo_cb.callbacks import register_callback
 
 
+def _log_path() -> Path:
+    path = os.environ.get("CBPKG_LOG")
+    if not path:
+        raise RuntimeError("cbpkg callbacks write only to $CBPKG_LOG (set it to a file in the test's tmp_path)")
+    return Path(path)
+
+
 def log_epoch(trainer):
-    path = Path(os.environ.get("CBPKG_LOG", "cbpkg.log"))
-    with open(path, "a") as f:
+    with open(_log_path(), "a") as f:
         f.write(json.dumps({"event": "on_fit_epoch_end", "epoch": trainer.epoch}) + "\n")
 
 
@@ -36,6 +47,52 @@ def make_marker(tag="registered"):
 
 
 def log_batch(trainer):
-    path = Path(os.environ.get("CBPKG_LOG", "cbpkg.log"))
-    with open(path, "a") as f:
+    with open(_log_path(), "a") as f:
         f.write(f"{trainer.epoch},{trainer.batch_i}\n")
+
+
+def stop_now(trainer):
+    """on_fit_epoch_end: end the run after this epoch (trainer.stop)."""
+    trainer.stop = True
+
+
+def kill_before_best(trainer):
+    """on_pretrain_routine_start: SIGKILL this process at epoch $CBPKG_KILL_AT_EPOCH, after last.pt is written and
+    before best.pt is (the checkpoint callback's next save_checkpoint call); a no-op without the variable."""
+    if "CBPKG_KILL_AT_EPOCH" not in os.environ:
+        return
+    from yolo_cb.callbacks import builtin
+
+    at, original = int(os.environ["CBPKG_KILL_AT_EPOCH"]), builtin.save_checkpoint
+
+    def save(ckpt, path):
+        if Path(path).name == "best.pt" and trainer.epoch == at and (Path(path).parent / "last.pt").is_file():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(ckpt, path)
+
+    builtin.save_checkpoint = save
+
+
+def log_best_epoch(trainer):
+    """on_train_start: log the epoch best.pt holds (or 'missing') to $CBPKG_LOG."""
+    import torch
+
+    best = trainer.wdir / "best.pt"
+    epoch = torch.load(best, map_location="cpu", weights_only=True)["epoch"] if best.is_file() else "missing"
+    with open(_log_path(), "a") as f:
+        f.write(f"best.pt at start: {epoch}\n")
+
+
+_val_starts = [0]
+
+
+def signal_in_final_validation(validator):
+    """on_val_start: send $CBPKG_SIGNAL (e.g. SIGTERM) to this process at the 2nd validation (the final one of a 1-epoch run)."""
+    _val_starts[0] += 1
+    if _val_starts[0] == 2:
+        os.kill(os.getpid(), getattr(signal, os.environ["CBPKG_SIGNAL"]))
+
+
+def signal_in_train_end(trainer):
+    """on_train_end: send $CBPKG_SIGNAL to this process."""
+    os.kill(os.getpid(), getattr(signal, os.environ["CBPKG_SIGNAL"]))

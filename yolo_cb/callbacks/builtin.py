@@ -74,28 +74,57 @@ class Progress:
 
 @register_callback("results_csv")
 class ResultsCSV:
-    """results.csv: one row per epoch (epoch, time, train losses, metrics, val losses, lrs); results.png at the end."""
+    """results.csv: one row per epoch (epoch, time, train losses, metrics, val losses, lrs); results.png at the end.
 
-    def on_fit_epoch_end(self, trainer):
+    The rows are this callback's checkpoint state: each epoch's row is made in on_model_save, before the checkpoint
+    callback stores it in last.pt, so a run killed right after last.pt still has the row, and a resume rewrites
+    results.csv from the checkpoint's rows.
+    """
+
+    def __init__(self):
+        self.rows: list[dict[str, str]] = []
+
+    def on_model_save(self, trainer):
         if not trainer.is_main or not trainer.args.save:
             return
         row = {"epoch": trainer.epoch + 1, "time": round(trainer.elapsed, 3), **trainer.label_loss_items(trainer.tloss, prefix="train"),
                **trainer.metrics, **trainer.lr}
-        path = Path(trainer.save_dir) / "results.csv"
-        rows = read_results(path)
-        rows = [r for r in rows if int(float(r["epoch"])) < row["epoch"]]  # a resumed run rewrites epochs it repeats
-        rows.append({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        self.rows = [r for r in self.rows if int(float(r["epoch"])) < row["epoch"]]  # a resumed run rewrites epochs it repeats
+        self.rows.append({k: f"{v:.6g}" if isinstance(v, float) else str(v) for k, v in row.items()})
+
+    def on_pretrain_routine_end(self, trainer):
+        """On resume: results.csv from the checkpoint's rows (a kill may have cut the file short; a new run folder has none)."""
+        if not trainer.is_main or not trainer.args.save or trainer.start_epoch == 0:
+            return
+        if not self.rows:  # a checkpoint from before rows were stored: keep what the file has
+            self.rows = read_results(Path(trainer.save_dir) / "results.csv")
+        self.rows = [r for r in self.rows if int(float(r["epoch"])) <= trainer.start_epoch]
+        if self.rows:
+            self._write(trainer)
+
+    def on_fit_epoch_end(self, trainer):
+        if not trainer.is_main or not trainer.args.save:
+            return
+        self._write(trainer)
+
+    def _write(self, trainer):
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[-1].keys()), extrasaction="ignore")
+        writer = csv.DictWriter(buffer, fieldnames=list(self.rows[-1].keys()), extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(path, buffer.getvalue())
+        writer.writerows(self.rows)
+        atomic_write_text(Path(trainer.save_dir) / "results.csv", buffer.getvalue())
 
     def on_train_end(self, trainer):
         if trainer.is_main and trainer.args.plots and trainer.args.save:
             from yolo_cb.utils.results_plot import plot_results
 
             plot_results(Path(trainer.save_dir) / "results.csv")
+
+    def state_dict(self):
+        return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state):
+        self.rows = [dict(r) for r in state.get("rows", [])]
 
 
 def read_results(path: Path) -> list[dict]:

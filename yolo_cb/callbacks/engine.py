@@ -14,6 +14,9 @@ from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
 ON_ERROR = ("raise", "warn", "disable")
+# Events fired while an error is already propagating: a callback failing there is logged, the others still run,
+# and the original error is the one raised (it would otherwise be replaced by the callback's).
+NEVER_RAISE = ("on_exception",)
 # Registration groups, run in this order for one event: built-in defaults, integrations, the user's.
 GROUPS = ("default", "integration", "user")
 
@@ -134,7 +137,12 @@ class Callbacks:
             try:
                 entry.fn(obj)
             except Exception as error:
-                self._handle_error(entry, event, error)
+                if event in NEVER_RAISE and entry.on_error == "raise":
+                    entry.errors.append(f"{event}: {type(error).__name__}: {error}")
+                    LOGGER.error(f"ERROR callback '{entry.name}' failed in '{event}' ({type(error).__name__}: {error}); "
+                                 f"the error being handled is kept and re-raised")
+                else:
+                    self._handle_error(entry, event, error)
             finally:
                 entry.calls += 1
                 entry.seconds += time.perf_counter() - start

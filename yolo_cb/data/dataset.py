@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from yolo_cb.data.transforms import build_transforms
-from yolo_cb.data.verify import folder_is_writable, list_image_files, load_labels
+from yolo_cb.data.verify import folder_is_writable, imread, list_image_files, load_labels
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -43,7 +43,7 @@ class YOLODataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, img_path, imgsz, names, augment, hyp, rect=False, batch_size=16, stride=32,
-                 cache=False, fraction=1.0, prefix="train: "):
+                 cache=False, fraction=1.0, prefix="train: ", write_caches=True):
         super().__init__()
         self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
@@ -56,7 +56,8 @@ class YOLODataset(torch.utils.data.Dataset):
             im_files = im_files[: max(1, round(len(im_files) * fraction))]
         if not im_files:
             raise FileNotFoundError(f"{prefix}no images found in {img_path}")
-        self.labels, self.report = load_labels(im_files, len(self.names), prefix)
+        self.write_caches = bool(write_caches)  # False on DDP ranks > 0: they read the caches rank 0 wrote
+        self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches)
         if not self.labels:
             raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
         if self.rect:
@@ -101,7 +102,10 @@ class YOLODataset(torch.utils.data.Dataset):
                     return np.load(npy, allow_pickle=False)
                 except (OSError, ValueError):
                     pass
-        img = cv2.imread(f)
+        return self._read_file(f)
+
+    def _read_file(self, f: str) -> np.ndarray:
+        img = imread(f)  # the decoder verification used
         if img is None:
             raise FileNotFoundError(f"{self.prefix}image {f} could not be read (it passed verification: was it changed?)")
         return img
@@ -150,8 +154,10 @@ class YOLODataset(torch.utils.data.Dataset):
                 self.ims[i] = self._resize(self._read(i))
                 return self.ims[i].nbytes
             npy = Path(self.labels[i]["im_file"]).with_suffix(".npy")
+            if not self.write_caches:  # another rank writes the .npy files; read one only if it is there
+                return npy.stat().st_size if self._npy_fresh(npy, self.labels[i]["im_file"]) else 0
             if not self._npy_fresh(npy, self.labels[i]["im_file"]):
-                np.save(npy, cv2.imread(self.labels[i]["im_file"]), allow_pickle=False)
+                np.save(npy, self._read_file(self.labels[i]["im_file"]), allow_pickle=False)
             return npy.stat().st_size
 
         with ThreadPoolExecutor(max_workers=4) as pool:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from yolo_cb.errors import DataError
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -21,72 +23,93 @@ def is_url(text) -> bool:
 
 def download_file(url: str, dest: Path, timeout: float = 60.0, chunk: int = 1 << 16) -> Path:
     """Fetch ``url`` into ``dest`` (atomically: a temp file renamed at the end), with a tqdm bar."""
+    dest = Path(dest)
+    tmp = _fetch(url, dest.parent, dest.name, timeout, chunk)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _fetch(url: str, folder: Path, name: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Path:
+    """Fetch ``url`` into a new temp file ``folder/.<name>.<random>.part`` (removed on failure); returns its path."""
     import urllib.request
 
     from tqdm import tqdm
 
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    from yolo_cb.utils.files import create_temp
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = create_temp(folder, f".{name}.", ".part")
     try:
         request = urllib.request.Request(url, headers={"User-Agent": "yolo-cb"})
         with urllib.request.urlopen(request, timeout=timeout) as response, os.fdopen(fd, "wb") as f:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"downloading {dest.name}") as bar:
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"downloading {name}") as bar:
                 while block := response.read(chunk):
                     f.write(block)
                     bar.update(len(block))
         if total is not None and os.path.getsize(tmp) != total:
             raise OSError(f"download of {url} incomplete: {os.path.getsize(tmp)} of {total} bytes")
-        os.replace(tmp, dest)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return dest
+    return tmp
 
 
 def _inside(root: Path, name: str) -> bool:
+    """Whether archive member ``name`` stays inside ``root``: relative, no '..' climbing out (checked on the text and resolved)."""
+    if not name or name.startswith(("/", "\\")) or (len(name) > 1 and name[0].isalpha() and name[1] == ":") or "\0" in name:
+        return False
     target = (root / name).resolve()
     return target == root or root in target.parents
 
 
-def safe_extract(archive: Path, dest: Path) -> None:
-    """Extract a zip or tar archive into ``dest``, refusing members that would land outside it
-    (absolute paths, ``..``), and links or device files in tars."""
+def safe_extract(archive: Path, dest: Path, label: str | None = None) -> None:
+    """Extract a zip or tar archive into ``dest``, refusing the whole archive before writing anything when a
+    member would land outside it (absolute path, ``..``) or is a link or device (tar). ``label`` names the
+    archive in messages (default: its path)."""
     archive, dest = Path(archive), Path(dest)
+    label = label or str(archive)
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():
                 if not _inside(root, info.filename):
-                    raise ValueError(f"unsafe path '{info.filename}' in {archive}: it would extract outside {dest}")
+                    raise DataError(f"unsafe member '{info.filename}' in {label}: it would extract outside {dest}; archive refused, nothing extracted")
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    raise DataError(f"unsafe member '{info.filename}' in {label}: a symbolic link; archive refused, nothing extracted")
             zf.extractall(root)
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as tf:
             members = tf.getmembers()
             for m in members:
                 if not _inside(root, m.name) or not (m.isfile() or m.isdir()):
-                    raise ValueError(f"unsafe member '{m.name}' in {archive}: outside {dest}, or a link/device")
+                    kind = "outside " + str(dest) if not _inside(root, m.name) else "a link or device file"
+                    raise DataError(f"unsafe member '{m.name}' in {label}: {kind}; archive refused, nothing extracted")
             if hasattr(tarfile, "data_filter"):
                 tf.extractall(root, members=members, filter="data")
             else:  # pragma: no cover - Python without extraction filters
                 tf.extractall(root, members=members)
     else:
-        raise ValueError(f"{archive} is not a zip or tar archive")
+        raise DataError(f"{label} is not a zip or tar archive")
 
 
 def download_dataset(url: str, datasets_dir: Path, keep_archive: bool = False) -> Path:
-    """Download the archive at ``url`` into ``datasets_dir`` and extract it there."""
+    """Download the archive at ``url`` into a temp file in ``datasets_dir`` and extract it there.
+
+    The temp file never replaces a file of the user's; with ``keep_archive`` it is kept as ``datasets_dir/<name>``
+    unless that name is taken."""
     datasets_dir = Path(datasets_dir)
     name = Path(unquote(urlparse(url).path)).name or "dataset.zip"
     if not name.lower().endswith(ARCHIVE_SUFFIXES):
-        raise ValueError(f"download URL {url} is not a zip/tar archive ({', '.join(ARCHIVE_SUFFIXES)})")
+        raise DataError(f"download URL {url} is not a zip/tar archive ({', '.join(ARCHIVE_SUFFIXES)})")
     LOGGER.info(f"dataset not found locally: downloading {url} into {datasets_dir}")
-    archive = download_file(url, datasets_dir / name)
+    archive = _fetch(url, datasets_dir, name)
     try:
-        safe_extract(archive, datasets_dir)
+        safe_extract(archive, datasets_dir, label=name)
+        if keep_archive and not (datasets_dir / name).exists():
+            os.replace(archive, datasets_dir / name)
     finally:
-        if not keep_archive:
-            archive.unlink(missing_ok=True)
+        archive.unlink(missing_ok=True)
     return datasets_dir

@@ -105,11 +105,13 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
     return loader
 
 
-def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None) -> YOLODataset:
+def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None,
+                       write_caches: bool = True) -> YOLODataset:
     """A YOLODataset from settings (``args`` has the keys of cfg/default.yaml).
 
     ``mode='train'`` augments (and uses ``args.rect``, ``args.fraction``); ``'val'`` letterboxes
     rectangular batches, with all images.
+    ``write_caches=False`` (DDP ranks > 0) only reads label and .npy caches, never writes them.
     """
     if mode not in ("train", "val"):
         raise ValueError(f"mode={mode!r} must be 'train' or 'val'")
@@ -126,4 +128,5 @@ def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: 
         cache=args.cache,
         fraction=float(args.fraction) if train else 1.0,
         prefix=f"{mode}: ",
+        write_caches=write_caches,
     )

@@ -9,6 +9,10 @@ A dataset YAML (Ultralytics-compatible)::
     names: {0: person, ...}    # or a list
     download: https://.../coco8.zip   # optional: archive fetched when the images are missing
     generate: {kind: shapes, seed: 0, train: 320, val: 100}  # optional: synthetic data made when missing
+
+Downloads, extraction and generation write only under ``datasets_dir``: a root outside it (an absolute
+``path:``, one that climbs out with ``..``, or the YAML's own folder when there is no ``path:``) is used
+only when the images are already there; otherwise a DataError names the root and datasets_dir.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import logging
 import os
 from pathlib import Path
 
+from yolo_cb.errors import DataError, load_yaml
+
 LOGGER = logging.getLogger("yolo_cb")
 
 SPLIT_KEYS = ("train", "val", "test")
 
 
-class DatasetConfigError(ValueError):
+class DatasetConfigError(DataError):
     """A dataset YAML that is missing a key or has a value of the wrong kind."""
 
 
@@ -46,7 +52,8 @@ def parse_names(raw, yaml_file: Path) -> dict[int, str]:
     if not names:
         raise DatasetConfigError(f"{yaml_file}: 'names' is empty; list the class names")
     if sorted(names) != list(range(len(names))):
-        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}")
+        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}; "
+                                 f"number the classes 0..{len(names) - 1} (and the class ids in the label files with them)")
     return dict(sorted(names.items()))
 
 
@@ -79,6 +86,17 @@ def _generate(spec, target: Path, yaml_file: Path) -> None:
     generate_shapes(target, n_train=n_train, n_val=n_val, **spec)
 
 
+def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action: str) -> None:
+    """Refuse to download, extract or generate anywhere but under datasets_dir (the extraction folder is target's parent)."""
+    if target.parent == ddir or ddir in target.parent.parents:
+        return
+    raise DataError(
+        f"{yaml_file}: the dataset root {target} is outside datasets_dir ({ddir}) and its images are missing; yolo-cb "
+        f"{action} datasets only into datasets_dir. Put the images under {target} yourself, or give a relative 'path:' "
+        f"(e.g. 'path: {target.name}') so that it is {'downloaded' if action == 'downloads' else 'generated'} into "
+        f"{ddir / target.name}, or pass datasets_dir= a folder that holds {target}")
+
+
 def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict:
     """Resolve a dataset YAML (path or bundled name) into absolute split paths, names and nc.
 
@@ -87,20 +105,16 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
     listing every place looked.
     """
-    import yaml
-
     from yolo_cb.paths import find_dataset_cfg
 
     yaml_file = find_dataset_cfg(str(data)).resolve()
-    try:
-        cfg = yaml.safe_load(yaml_file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise DatasetConfigError(f"{yaml_file}: not valid YAML ({e})") from None
+    cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
     if not isinstance(cfg, dict):
         raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
     for key in ("train", "val", "names"):
         if cfg.get(key) in (None, "", [], {}):
-            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty")
+            example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
+            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
     names = parse_names(cfg["names"], yaml_file)
     if cfg.get("nc") is not None and int(cfg["nc"]) != len(names):
         raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
@@ -122,6 +136,8 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
         target = places[-1][0]
         downloads = cfg.get("download")
         downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
+        if downloads or cfg.get("generate"):
+            check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
         if downloads:
             from yolo_cb.data.download import download_dataset, is_url
 
@@ -130,6 +146,8 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
                     raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {url!r}")
                 try:
                     download_dataset(url, target.parent)
+                except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing
+                    raise DataError(f"{yaml_file}: the download from {url} was refused: {e}") from None
                 except (OSError, ValueError) as e:
                     failure = f"\nThe download from {url} failed: {e}"
                     break

@@ -3,7 +3,8 @@
 What is checked (a bad image or label never stops a run; it is skipped or fixed, and named):
 
 - images: unreadable, empty, zero-size, truncated (a JPEG must end with the FF D9 marker),
-  unsupported suffix; sizes are read *after* EXIF rotation, as ``cv2.imread`` returns them;
+  unsupported suffix; each image is decoded with :func:`imread`, the function the loader uses, so an
+  image that passes is one the loader can read, and its size is the decoded one (after EXIF rotation);
 - label files (``class cx cy w h`` per line, normalised): a line with the wrong number of
   columns, a non-number, or a class id that is not an integer in ``[0, nc)`` makes the whole
   label untrustworthy, so the image is skipped;
@@ -33,7 +34,7 @@ IMG_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp
 UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".pfm"}
 COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
 ROUNDING = 1e-4  # excursions this small come from rounded coordinates: clipped without a note
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: images verified by decoding them with imread (the loader's decoder), labels read with utf-8-sig
 CACHE_SUFFIX = ".yolo_cb.cache"
 MAX_LISTED = 10  # problems named in full in the warning; the rest are counted
 
@@ -72,8 +73,51 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
     return files
 
 
+def imread(im_file: str) -> np.ndarray | None:
+    """Decode an image the way training, validation and verification read it: BGR uint8 (h, w, 3) with the EXIF
+    orientation applied, or None when it cannot be decoded.
+
+    OpenCV (``cv2.IMREAD_COLOR``, which applies the EXIF orientation) reads it, except a TIFF whose EXIF orientation
+    turns it by 90 degrees (OpenCV 5 fails on those): Pillow reads that one and applies the same orientation.
+    Pillow is also the fallback for any other image OpenCV cannot decode.
+    """
+    import cv2
+
+    path = str(im_file)
+    if Path(path).suffix.lower() in (".tif", ".tiff") and _exif_orientation(path) in (5, 6, 7, 8):
+        return _pil_decode(path)
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None or img.size == 0:
+        img = _pil_decode(path)
+    return img
+
+
+def _exif_orientation(path: str) -> int:
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return int(im.getexif().get(0x0112, 1))
+    except Exception:  # no Pillow, or a file Pillow cannot parse: let OpenCV try
+        return 1
+
+
+def _pil_decode(path: str) -> np.ndarray | None:
+    """Pillow decode with the EXIF orientation applied, as BGR uint8; None when Pillow is missing or cannot decode it."""
+    try:
+        from PIL import Image, ImageOps
+    except ImportError:
+        return None
+    try:
+        with Image.open(path) as im:
+            rgb = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    except Exception:  # PIL raises many types for bad files
+        return None
+    return np.ascontiguousarray(rgb[..., ::-1]) if rgb.ndim == 3 and rgb.size else None
+
+
 def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
-    """``((h, w), None)`` for a usable image (size after EXIF rotation), else ``(None, reason)``."""
+    """``((h, w), None)`` for a usable image (its size as :func:`imread` decodes it), else ``(None, reason)``."""
     path = Path(im_file)
     if path.suffix.lower() not in IMG_SUFFIXES:
         return None, f"unsupported image suffix '{path.suffix}' (supported: {' '.join(sorted(IMG_SUFFIXES))})"
@@ -85,43 +129,34 @@ def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
         return None, "empty image file (0 bytes)"
     try:
         from PIL import Image
-    except ImportError:  # pillow normally comes with torchvision; decode fully instead
-        return _verify_image_cv2(path)
-    try:
-        with Image.open(path) as im:
-            im.verify()  # structure and checksums, without decoding
-        with Image.open(path) as im:
-            w, h = im.size
-            fmt = (im.format or "").lower()
-            orientation = im.getexif().get(0x0112, 1)
-    except Exception as e:  # PIL raises many types for bad files
-        return None, f"unreadable or corrupt image ({type(e).__name__}: {e})"
-    if fmt in ("jpeg", "mpo"):
-        with open(path, "rb") as f:
-            f.seek(-2, os.SEEK_END)
-            if f.read(2) != b"\xff\xd9":
-                return None, "truncated JPEG (no end-of-image marker FF D9)"
-    if orientation in (5, 6, 7, 8):  # rotated by 90 degrees: OpenCV returns it transposed
-        w, h = h, w
+    except ImportError:  # pillow normally comes with torchvision; the decode below still checks the image
+        Image = None
+    if Image is not None:
+        try:
+            with Image.open(path) as im:
+                im.verify()  # structure and checksums, which a decoder may skip over
+                fmt = (im.format or "").lower()
+        except Exception as e:  # PIL raises many types for bad files
+            return None, f"unreadable or corrupt image ({type(e).__name__}: {e})"
+        if fmt in ("jpeg", "mpo"):
+            with open(path, "rb") as f:
+                f.seek(-2, os.SEEK_END)
+                if f.read(2) != b"\xff\xd9":
+                    return None, "truncated JPEG (no end-of-image marker FF D9)"
+    img = imread(str(path))  # exactly what the loader will do
+    if img is None:
+        return None, "unreadable or corrupt image (neither OpenCV nor Pillow could decode it)"
+    h, w = img.shape[:2]
     if w < 1 or h < 1:
         return None, f"zero-size image ({w}x{h})"
     return (h, w), None
-
-
-def _verify_image_cv2(path: Path):
-    import cv2
-
-    img = cv2.imread(str(path))
-    if img is None or img.size == 0:
-        return None, "unreadable or corrupt image (OpenCV could not decode it)"
-    return img.shape[:2], None
 
 
 def verify_label(lb_file: str, nc: int) -> dict:
     """Parse one label file. Returns ``labels`` ((n, 5) rows), ``notes``, ``missing`` and ``corrupt`` (reason or None)."""
     out = {"labels": np.zeros((0, 5), np.float32), "notes": [], "missing": False, "corrupt": None}
     try:
-        text = Path(lb_file).read_text(encoding="utf-8")
+        text = Path(lb_file).read_text(encoding="utf-8-sig")  # a byte order mark (Windows editors) is not data
     except FileNotFoundError:
         out["missing"] = True
         return out
@@ -255,7 +290,7 @@ def verify_all(im_files: list[str], lb_files: list[str], nc: int, prefix: str = 
         return list(tqdm(results, total=len(im_files), desc=f"{prefix}checking images and labels", leave=False))
 
 
-def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True) -> tuple[list[dict], dict]:
+def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True, save_cache: bool = True) -> tuple[list[dict], dict]:
     """Verified label records for ``im_files`` (cached), and a report.
 
     Records: ``im_file``, ``shape`` (h, w), ``cls`` (n,) int64, ``bboxes`` (n, 4) float32 normalised
@@ -269,7 +304,7 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
     from_cache = entries is not None
     if entries is None:
         entries = verify_all(im_files, lb_files, nc, prefix)
-        if cache and path:
+        if cache and path and save_cache:  # under DDP only rank 0 writes; the others read what it wrote
             write_cache(path, file_hash, entries)
     records, problems = [], []
     n_boxes = n_background = n_corrupt = 0

@@ -139,8 +139,7 @@ def worker(payload_path: str) -> int:
     if payload["resume"]:
         from yolo_cb.utils.checkpoint import load_checkpoint
 
-        trainer.resume_ckpt = load_checkpoint(payload["resume"])
-        trainer.save_dir = Path(payload["resume"]).parent.parent
+        trainer.resume_ckpt = load_checkpoint(payload["resume"])  # the trainer finds (and verifies) its run folder
     try:
         metrics = trainer.train()
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ import torch
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.transforms import letterbox
+from yolo_cb.data.verify import imread
 from yolo_cb.engine.backend import Backend, load_backend
 from yolo_cb.engine.results import Results
 from yolo_cb.utils.log import LOGGER
@@ -95,7 +96,7 @@ def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
             finally:
                 capture.release()
             continue
-        img = cv2.imread(item)
+        img = imread(item)  # as training reads it: EXIF orientation applied
         if img is None:
             LOGGER.warning(f"skipping unreadable image {item}")
             continue

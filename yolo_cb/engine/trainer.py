@@ -6,10 +6,12 @@ user's callbacks) is a callback; the loop only computes and keeps the state call
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
 import random
+import re
 import signal
 import time
 from datetime import datetime, timezone
@@ -24,13 +26,23 @@ from yolo_cb.config import Config, save_config
 from yolo_cb.engine.ema import ModelEMA, unwrap
 from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
 from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.checkpoint import load_checkpoint, rng_states, save_checkpoint, set_rng_states, strip_optimizer
+from yolo_cb.utils.checkpoint import (
+    check_same_dataset,
+    checkpoint_epoch,
+    dataset_fingerprint,
+    load_checkpoint,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+    strip_optimizer,
+)
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 LOSS_NAMES = ("iou_loss", "obj_loss", "cls_loss", "l1_loss")
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+STALE_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")  # atomic writes' temp files (.last.pt.<random>.tmp) a kill left behind
 
 
 class NonFiniteLossError(RuntimeError):
@@ -48,6 +60,8 @@ class Trainer:
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
         self.args = args
         self.model_source = model if model is not None else (args.model or "yolox-nano.yaml")
+        if args.model is None and isinstance(model, (str, Path)):
+            args.model = str(model)  # args.yaml and checkpoints record the model really used, never null
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.epochs = args.epochs
         self.start_epoch = 0
@@ -78,10 +92,15 @@ class Trainer:
         self.batch_size_px = args.imgsz
         self.setup_done = False
         self.completed_epoch = -1  # last epoch whose batches all ran (what a checkpoint's `epoch` means)
+        self.best_epoch: int | None = None  # the epoch whose weights best.pt holds (recorded in every checkpoint)
+        self._stepped = False  # an optimizer step since the last completed epoch: weights are no longer that epoch's
+        self._loop_done = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
+        self._data_fingerprint: dict | None = None
         self._signal: int | None = None
         self._nonfinite_in_a_row = 0
         self._t0 = time.time()
         self.rank = distributed.rank()
+        self._owns_process_group = False  # whether _setup_distributed created the process group
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.device = torch.device("cpu")
 
@@ -113,7 +132,7 @@ class Trainer:
                 self.epoch = epoch
                 self._train_epoch()
                 self._raise_on_signal()
-                self.completed_epoch = epoch
+                self.completed_epoch, self._stepped = epoch, False
                 self._validate_and_save()
                 self.run_callbacks("on_fit_epoch_end")
                 if self._agree_to_stop():
@@ -122,20 +141,26 @@ class Trainer:
                     break
                 if epoch + 1 < self.epochs:
                     self._update_lr(epoch + 1)
+            self._loop_done = True
             self._final_validation()
+            self._agree_to_stop()
+            self._raise_on_signal()  # a SIGINT/SIGTERM during the final validation still exits 130 / 143
             self.run_callbacks("on_train_end")
+            self._raise_on_signal()  # ... and so does one during on_train_end
             self._log_callback_stats()
             return self.metrics
         except BaseException as error:
             self.exception = error
             self._save_on_error()
-            self.run_callbacks("on_exception")
+            try:
+                self.run_callbacks("on_exception")
+            except Exception as callback_error:  # the original error is what the user must see, not the handler's
+                LOGGER.error(f"ERROR on_exception failed ({callback_error}); re-raising the original error: {type(error).__name__}: {error}")
             raise
         finally:
             self._restore_signal_handlers(previous_handlers)
             self.run_callbacks("teardown")
-            if distributed.is_distributed():
-                torch.distributed.destroy_process_group()
+            self._teardown_distributed(clean_exit=self.exception is None)
 
     # --- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -182,22 +207,94 @@ class Trainer:
             self.device = torch.device("cuda", local_rank)
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+            self._owns_process_group = True  # we created it, so we destroy it; a caller's group is left to the caller
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self.rank > 0:
             LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
+
+    def _teardown_distributed(self, clean_exit: bool) -> None:
+        """Leave DDP so that no rank exits while another still talks to it, and destroy the group exactly once.
+
+        DDP's reducer holds a reference to the process group: destroy_process_group() alone only unregisters
+        it, and the group's threads were then torn down at interpreter exit, racing the other rank's exit
+        (gloo: "terminate called without an active exception", SIGABRT). So: every rank passes a final
+        barrier (after a clean run only: after an error the ranks are no longer in step), the DDP wrapper
+        is dropped and collected, then the group is destroyed by whoever created it.
+        """
+        if not distributed.is_distributed():
+            return
+        if clean_exit:
+            distributed.barrier()
+        self.model = unwrap(self.model)
+        gc.collect()
+        if self._owns_process_group:
+            torch.distributed.destroy_process_group()
+            self._owns_process_group = False
 
     @property
     def _flag_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     def _make_save_dir(self) -> None:
+        self._record_data_path()
         if self.save_dir is None:
-            self.save_dir = run_dir(self.args, "train") if self.is_main else None
-            self.save_dir = Path(distributed.broadcast_object(str(self.save_dir) if self.save_dir else None))
+            folder = None
+            if self.is_main:
+                folder = self._resume_dir() if self.resume_ckpt is not None else run_dir(self.args, "train")
+            self.save_dir = Path(distributed.broadcast_object(str(folder) if folder else None))
         self.wdir = self.save_dir / "weights"
         if self.is_main:
             self.wdir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temp_files(self.save_dir, self.wdir)
             save_config(self.args, self.save_dir / "args.yaml")
+            if self.resume_ckpt is not None:
+                self._restore_best()
+
+    def _record_data_path(self) -> None:
+        """Record the data YAML as an absolute path (args.yaml, checkpoints): a resume from any folder finds the same one."""
+        from yolo_cb.paths import find_dataset_cfg
+
+        try:
+            self.args.data = str(find_dataset_cfg(str(self.args.data or "shapes.yaml")).resolve())
+        except (FileNotFoundError, OSError):
+            pass  # check_data reports it, with every place it looked
+
+    def _resume_dir(self) -> Path:
+        """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/, else a new one."""
+        path = Path(str(self.args.resume)).expanduser().resolve()
+        recorded = self.resume_ckpt.get("save_dir")
+        if recorded and path.parent == Path(recorded).resolve() / "weights":
+            return Path(recorded)
+        from yolo_cb.config import Config
+
+        folder = run_dir(Config(**{**self.args.as_dict(), "exist_ok": False}), "train")
+        why = f"it belongs to the run folder {recorded}" if recorded else "it records no run folder (written by an older yolo-cb)"
+        LOGGER.warning(f"WARNING {path} does not lie in its run folder's weights/ ({why}): resuming into a new run folder "
+                       f"{folder}; nothing is written next to {path}")
+        return folder
+
+    def _restore_best(self) -> None:
+        """Make best.pt hold the epoch the checkpoint says: a kill between the last.pt and best.pt writes leaves it missing or
+        one improvement behind, and best.pt would otherwise only come back after a strictly better epoch."""
+        ckpt, best = self.resume_ckpt, self.wdir / "best.pt"
+        want = ckpt.get("best_epoch")
+        if want is None:
+            return  # an older checkpoint: it does not say which epoch best.pt holds
+        have = checkpoint_epoch(best)
+        if have == want:
+            return
+        resumed = Path(str(self.args.resume)).expanduser()
+        source = resumed if ckpt.get("last_is_best") else None
+        if source is None:  # a moved or copied run: the right best.pt may lie next to the checkpoint or in the recorded run folder
+            places = [resumed.parent / "best.pt"] + ([Path(ckpt["save_dir"]) / "weights" / "best.pt"] if ckpt.get("save_dir") else [])
+            source = next((p for p in places if p.resolve() != best.resolve() and checkpoint_epoch(p) == want), None)
+        state = "missing" if have is None else f"of epoch {have + 1}"
+        if source is not None:
+            save_checkpoint(source.read_bytes(), best)
+            LOGGER.info(f"restored {best} (epoch {want + 1}) from {source}: it was {state}")
+        else:
+            LOGGER.warning(f"WARNING {best} should hold epoch {want + 1} but is {state}, and no copy of that epoch is left; "
+                           f"it is written again when fitness improves")
 
     def _seed(self, seed: int, deterministic: bool) -> None:
         random.seed(seed)
@@ -211,20 +308,21 @@ class Trainer:
 
     def _build_model(self) -> None:
         from yolo_cb.nn import build_model
+        from yolo_cb.weights import resolve_weights
 
         nc, names = int(self.data["nc"]), self.data["names"]
-        source = self.model_source
+        source = resolve_weights(self.model_source, self.args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
         init_ckpt = None
         if self.resume_ckpt is not None:
             cfg = self.resume_ckpt["model_cfg"]
-        elif isinstance(source, (str, Path)) and str(source).endswith(".pt"):
+        elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
             init_ckpt = load_checkpoint(source)
             cfg = init_ckpt["model_cfg"]
         else:
             cfg = source
         model = build_model(cfg, nc=nc, verbose=self.is_main, imgsz=self.args.imgsz)
         if self.args.pretrained and not isinstance(self.args.pretrained, bool):
-            init_ckpt = load_checkpoint(self.args.pretrained)
+            init_ckpt = load_checkpoint(resolve_weights(self.args.pretrained, self.args.weights_dir))
         if init_ckpt is not None:
             self._load_matching_weights(model, init_ckpt)
         model.names = dict(names)
@@ -233,22 +331,40 @@ class Trainer:
         if self.args.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.criterion = unwrap(self.model).criterion
-        self.criterion.use_l1 = False  # the YOLOX stage switch turns it on
-        self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
+        self.loss_names = tuple(f"{name}_loss" for name in self.criterion.loss_names)
+        if hasattr(self.criterion, "use_l1"):  # YOLOX losses only; the YOLOX stage switch turns it on
+            self.criterion.use_l1 = False
+            self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
 
     @staticmethod
-    def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> None:
+    def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
+        """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
+        YOLOX's prior bias). Returns the number of tensors transferred."""
+        from yolo_cb.nn.head import PRIOR_PROB
+
         source = ckpt.get("ema") or ckpt["model"]
         own = model.state_dict()
         matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
         model.load_state_dict(matching, strict=False)
-        LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint")
+        fresh = [conv for i, conv in enumerate(getattr(getattr(model, "head", None), "cls_preds", None) or [])
+                 if f"head.cls_preds.{i}.weight" in source and f"head.cls_preds.{i}.weight" not in matching]
+        with torch.no_grad():
+            for conv in fresh:  # fresh weights from the build; YOLOX's prior bias set here, whatever the head's own init
+                conv.bias.fill_(-math.log((1 - PRIOR_PROB) / PRIOR_PROB))
+        classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.get('names') or {})}) " \
+                  f"with prior probability {PRIOR_PROB}" if fresh else ""
+        LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint{classes}")
+        return len(matching)
 
     def _build_loaders(self) -> None:
         from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 
         args, names, stride = self.args, self.data["names"], 32
-        train_set = build_yolo_dataset(args, self.data["train"], "train", names, stride=stride, batch=args.batch)
+        if self.rank > 0:
+            distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
+        train_set = build_yolo_dataset(args, self.data["train"], "train", names, stride=stride, batch=args.batch, write_caches=self.is_main)
+        if self.rank == 0:
+            distributed.barrier()
         self.train_loader = build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=self.rank, seed=args.seed)
         self.num_batches = len(self.train_loader)
         if self.is_main:
@@ -317,7 +433,7 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
             loss_dict = self.model(images, targets)
         self.loss = loss_dict["total"]
-        self.loss_items = torch.stack([loss_dict["iou"], loss_dict["obj"], loss_dict["cls"], loss_dict["l1"]]).detach().float().cpu()
+        self.loss_items = torch.stack([loss_dict[name] for name in self.criterion.loss_names]).detach().float().cpu()
         self.run_callbacks("on_train_batch_loss_end")
         if distributed.any_rank(not torch.isfinite(self.loss).item(), self._flag_device):
             self._skip_nonfinite()
@@ -358,6 +474,7 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.args.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self._stepped = True
         self.run_callbacks("optimizer_step")
         self.run_callbacks("on_before_zero_grad")
         self.optimizer.zero_grad(set_to_none=True)
@@ -398,6 +515,8 @@ class Trainer:
                 self.best_fitness, self.improved = self.fitness, True
         elif self.best_fitness is None:
             self.improved = True  # nothing validated yet: best.pt follows last.pt
+        if self.improved:
+            self.best_epoch = self.epoch
         self.run_callbacks("on_model_save")
 
     def checkpoint_dict(self, epoch: int | None = None) -> dict:
@@ -405,6 +524,7 @@ class Trainer:
         from yolo_cb import __version__
 
         model = unwrap(self.model)
+        epoch = self.epoch if epoch is None else epoch
         return {
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "ema": {k: v.detach().clone() for k, v in self.ema.ema.state_dict().items()} if self.ema else None,
@@ -412,25 +532,37 @@ class Trainer:
             "last_opt_step": self.last_opt_step,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "epoch": self.epoch if epoch is None else epoch,
+            "epoch": epoch,
             "epochs": self.epochs,
             "best_fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
+            # these weights are best.pt's (written just before it): on resume they restore a best.pt a kill left behind
+            "last_is_best": self.best_epoch is not None and self.best_epoch == epoch and not self._stepped,
+            "finished": False,  # set when the run ends (strip_optimizer): a finished run is not resumed
+            "save_dir": str(Path(self.save_dir).resolve()) if self.save_dir else None,  # resume verifies it
+            "data_fingerprint": self.data_fingerprint(),
             "fitness": self.fitness,
             "train_args": self.args.as_dict(),
             "model_cfg": dict(self.model_cfg),
             "names": {int(k): str(v) for k, v in self.data["names"].items()},
             "callbacks": self.callbacks.state_dict(),
             "rng": rng_states(),
-            "use_l1": bool(self.criterion.use_l1),
+            "use_l1": bool(getattr(self.criterion, "use_l1", False)),
             "metrics": {k: float(v) for k, v in self.metrics.items()},
             "version": __version__,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
+    def data_fingerprint(self) -> dict | None:
+        """The dataset's identity stored in checkpoints (data YAML, image counts, names); resume refuses another one."""
+        if self._data_fingerprint is None and self.data:
+            self._data_fingerprint = dataset_fingerprint(self.data)
+        return self._data_fingerprint
+
     def _save_on_error(self) -> None:
         """On an exception or signal: save last.pt with the current weights (epoch = last completed one)."""
-        if not (self.setup_done and self.is_main and self.args.save):
-            return
+        if not (self.setup_done and self.is_main and self.args.save) or self._loop_done:
+            return  # after the last epoch, last.pt is already the final checkpoint
         try:
             save_checkpoint(self.checkpoint_dict(epoch=self.completed_epoch), self.wdir / "last.pt")
             LOGGER.info(f"saved {self.wdir / 'last.pt'} (resume with: yolo-cb train resume={self.wdir / 'last.pt'})")
@@ -445,11 +577,11 @@ class Trainer:
 
     def _validate_best(self) -> None:
         best, last = self.wdir / "best.pt", self.wdir / "last.pt"
-        finished = self.epoch + 1 >= self.epochs or self.stop_reason.startswith("early stopping")
+        finished = self.completed_epoch + 1 >= self.epochs or self.stop_reason.startswith("early stopping")
         if finished:
             for path in (last, best):
                 if path.is_file():
-                    strip_optimizer(path)
+                    strip_optimizer(path, finished=True)
         if best.is_file() and self.args.val:
             from yolo_cb.utils.checkpoint import model_from_checkpoint
 
@@ -475,14 +607,20 @@ class Trainer:
         self.start_epoch = int(ckpt["epoch"]) + 1
         self.completed_epoch = self.start_epoch - 1
         self.best_fitness = ckpt.get("best_fitness")
+        self.best_epoch = ckpt.get("best_epoch")
         self.fitness = ckpt.get("fitness")
         self.metrics = dict(ckpt.get("metrics") or {})
-        self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
+        if hasattr(self.criterion, "use_l1"):
+            self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
         self.last_opt_step = int(ckpt.get("last_opt_step", self.start_epoch * self.num_batches - 1))
         self.callbacks.load_state_dict(ckpt.get("callbacks") or {})
         if ckpt.get("rng") and self.world_size == 1:
             set_rng_states(ckpt["rng"])
-        LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}")
+        check_same_dataset(ckpt, self.data_fingerprint(), self.args.resume)
+        if self.start_epoch >= self.epochs:  # killed after the last epoch was saved, before the run ended
+            LOGGER.info(f"all {self.epochs} epochs are trained; finishing the run (final validation of best.pt)")
+        else:
+            LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}")
 
     # --- signals and summaries ------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -491,8 +629,8 @@ class Trainer:
         previous = {}
 
         def handler(signum, frame):
-            if self._signal is not None:  # a second Ctrl-C: stop now
-                raise KeyboardInterrupt
+            if self._signal is not None:  # a second signal: stop now
+                raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[signum])
             self._signal, self.stop = signum, True
             self.stop_reason = f"{signal.Signals(signum).name} received"
             LOGGER.warning(f"{signal.Signals(signum).name} received: stopping at the end of this batch and saving last.pt (again to abort now)")
@@ -517,6 +655,18 @@ class Trainer:
         rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
         if rows:
             LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
+
+
+def remove_stale_temp_files(*folders: Path) -> None:
+    """Delete the temp files of atomic writes (.last.pt.<random>.tmp, ...) that a killed run left in its folders."""
+    removed = []
+    for folder in folders:
+        for path in Path(folder).glob(".*.tmp"):
+            if STALE_TEMP.match(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    if removed:
+        LOGGER.info(f"removed {len(removed)} temp file(s) left by an interrupted write: {', '.join(sorted(removed))}")
 
 
 def threading_main() -> bool:

@@ -192,7 +192,7 @@ class Validator:
         self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
         self.confusion_matrix = ConfusionMatrix(self.nc)
         self.det_metrics = DetMetrics(self.nc, self.names)
-        loss_sums = dict.fromkeys(LOSS_KEYS, 0.0)
+        loss_sums = dict.fromkeys(getattr(getattr(model, "criterion", None), "loss_names", LOSS_KEYS), 0.0)
         times = dict.fromkeys(("preprocess", "inference", "postprocess"), 0.0)
         n_batches = 0
         self.run_callbacks("on_val_start")
@@ -206,7 +206,7 @@ class Validator:
                 t1 = time.perf_counter()
                 if self.training:
                     preds, losses = self._forward_with_loss(model, img, batch["targets"].to(self.device))
-                    for key in LOSS_KEYS:
+                    for key in loss_sums:
                         value = losses.get(key, 0.0)
                         loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
                 else:

@@ -55,7 +55,8 @@ class StageSwitch:
         if not resumed:
             self.switched, self.epoch = True, trainer.epoch
         if trainer.is_main:
-            what = "mosaic and mixup off, L1 loss on, validating every epoch"
+            l1 = "L1 loss on, " if hasattr(trainer.criterion, "use_l1") else ""
+            what = f"mosaic and mixup off, {l1}validating every epoch"
             if resumed:
                 LOGGER.info(f"YOLOX stage switch (from epoch {(self.epoch or 0) + 1}) re-applied on resume at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
             else:
@@ -63,9 +64,10 @@ class StageSwitch:
 
     def apply(self, trainer) -> None:
         trainer.train_loader.close_mosaic()
-        trainer.criterion.use_l1 = True
+        if hasattr(trainer.criterion, "use_l1"):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
+            trainer.criterion.use_l1 = True
         ema = getattr(trainer, "ema", None)
-        if ema is not None and hasattr(getattr(ema, "ema", None), "criterion"):
+        if ema is not None and hasattr(getattr(getattr(ema, "ema", None), "criterion", None), "use_l1"):
             ema.ema.criterion.use_l1 = True
         trainer.validate_every_epoch = True
         self.applied = True

@@ -112,9 +112,9 @@ def image_tag(path: Path, epoch: int) -> tuple[str, int]:
 
 def read_rgb(path: Path):
     """An image file as an RGB HWC uint8 array, or None (with a debug line) when it cannot be read."""
-    import cv2
+    from yolo_cb.data.verify import imread
 
-    img = cv2.imread(str(path))
+    img = imread(str(path))
     if img is None:
         LOGGER.debug(f"could not read {path}")
         return None

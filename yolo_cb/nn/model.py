@@ -1,4 +1,4 @@
-"""The YOLOX detector module and `build_model`, which makes one from a model YAML, a bundled name or a dict."""
+"""The YOLOX detector module and `build_model`, which makes a YOLOX or a YOLOCB from a model YAML, a bundled name or a dict."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from ..loss import YOLOXLoss
 from .backbone import PAFPN
 from .blocks import ConvBNAct
 from .head import STRIDES, YOLOXHead
+from .yolocb_model import FAMILY as YOLOCB_FAMILY
+from .yolocb_model import YOLOCB, parse_yolocb_cfg
 
 LOGGER = logging.getLogger("yolo_cb")
 ARCH_KEYS = ("depth", "width", "depthwise", "act")  # the settings that define the architecture (besides nc)
+FAMILIES = {"yolox": "YOLOX", YOLOCB_FAMILY: "YOLOCB"}  # `family:` value -> display-name prefix
 
 
 class YOLOX(nn.Module):
@@ -66,19 +69,35 @@ class YOLOX(nn.Module):
 
 
 def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
-    """The architecture dict and a display name (e.g. 'YOLOX-nano') from a YAML path, a bundled name or a dict."""
+    """The architecture dict and a display name (e.g. 'YOLOX-nano', 'YOLOCB-n') from a YAML path, a bundled name or a dict.
+
+    The `family:` key picks the detector: yolox (the default when absent) or yolocb.
+    """
     from ..paths import MODELS_DIR, find_model_cfg
 
     if isinstance(cfg, dict):
         data = dict(cfg)
         path = next((p for p in sorted(MODELS_DIR.glob("*.yaml")) if _same_arch(yaml.safe_load(p.read_text()) or {}, data)), None)
     else:
+        from ..errors import ConfigError, load_yaml
+
         path = find_model_cfg(str(cfg))
-        data = yaml.safe_load(path.read_text()) or {}
+        if path.suffix.lower() not in (".yaml", ".yml"):
+            raise ConfigError(f"model={cfg}: {path} is neither a yolo-cb checkpoint (.pt) nor a model YAML (.yaml, e.g. yolox-nano.yaml)")
+        data = load_yaml(path, ConfigError, "model YAML")
+        if not isinstance(data, dict):
+            raise ConfigError(f"model={cfg}: {path} holds a {type(data).__name__}, not a mapping of model settings (depth, width, ...)")
+    family = _family(data)
+    if family not in FAMILIES:
+        raise ValueError(f"model config {cfg!r}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
     if path is None:
-        name = str(data.get("name", "YOLOX"))
+        name = str(data.get("name", FAMILIES[family]))
+    elif path.stem.lower().startswith(family + "-"):
+        name = FAMILIES[family] + "-" + path.stem.split("-", 1)[1]
     else:
-        name = "YOLOX-" + path.stem.split("-", 1)[1] if path.stem.lower().startswith("yolox-") else path.stem
+        name = path.stem
+    if family == YOLOCB_FAMILY:
+        return parse_yolocb_cfg(data), name
     missing = [k for k in ("depth", "width") if k not in data]
     if missing:
         raise KeyError(f"model config {cfg!r} lacks {', '.join(missing)}")
@@ -93,9 +112,19 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     return arch, name
 
 
+def _family(data: dict) -> str:
+    """The detector family a config dict names (`family:`), yolox when absent."""
+    return str(data.get("family") or "yolox").lower()
+
+
 def _same_arch(a: dict, b: dict) -> bool:
     """Whether two config dicts describe the same architecture (so a stored cfg dict gets its bundled name back)."""
     try:
+        if _family(a) != _family(b):
+            return False
+        if _family(a) == YOLOCB_FAMILY:
+            a, b = parse_yolocb_cfg(a), parse_yolocb_cfg(b)
+            return all(a[k] == b[k] for k in ("max_channels", "reg_max", "act")) and all(abs(a[k] - b[k]) < 1e-9 for k in ("depth", "width"))
         return all(str(a.get(k)) == str(b.get(k)) for k in ("depthwise", "act")) and all(
             abs(float(a[k]) - float(b[k])) < 1e-9 for k in ("depth", "width")
         )
@@ -103,14 +132,18 @@ def _same_arch(a: dict, b: dict) -> bool:
         return False
 
 
-def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> YOLOX:
-    """A freshly initialised YOLOX from `cfg` (path, bundled name like 'yolox-nano', or dict), with `nc` classes.
+def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> YOLOX | YOLOCB:
+    """A freshly initialised detector from `cfg` (path, bundled name like 'yolox-nano' or 'yolocb-n', or dict), with `nc`
+    classes: a YOLOX, or a YOLOCB when the config says `family: yolocb`.
 
     When verbose, logs one summary line (layers, parameters, GFLOPs at `imgsz`) to the 'yolo_cb' logger.
     """
     arch, name = load_model_cfg(cfg)
     arch.pop("nc", None)
-    model = YOLOX(nc=nc, name=name, **arch)
+    if arch.pop("family", None) == YOLOCB_FAMILY:
+        model = YOLOCB(nc=nc, name=name, **arch)
+    else:
+        model = YOLOX(nc=nc, name=name, **arch)
     if verbose:
         from .summary import model_info
 

@@ -1,7 +1,9 @@
 """Checkpoints: plain dicts of tensors and primitives, written atomically, loaded with weights_only=True only.
 
 Keys: model, ema (state_dicts), optimizer, epoch, best_fitness, train_args, model_cfg, names,
-callbacks (callback states), rng (torch / numpy / python states), metrics, version, date.
+callbacks (callback states), rng (torch / numpy / python states), metrics, version, date; and for a safe
+resume: save_dir (the run folder, absolute), best_epoch and last_is_best (which epoch best.pt holds, and
+whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names).
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo_cb.errors import CheckpointError, ConfigError
 from yolo_cb.utils.files import atomic_write_bytes
 
 
 class UnsafeCheckpointError(RuntimeError):
     """The file holds pickled objects beyond tensors and primitives; it was not loaded."""
+
+
+class ResumeError(ConfigError):
+    """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
 
 
 def serialize_checkpoint(ckpt: dict[str, Any]) -> bytes:
@@ -49,10 +56,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"torch.load(weights_only=True) only. Re-save it as a plain dict of state_dicts. Detail: {str(error).splitlines()[0]}"
         ) from None
     except (RuntimeError, EOFError, ValueError) as error:
-        raise RuntimeError(f"cannot read checkpoint '{path}' (truncated or not a torch file?): {error}") from error
-    if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt):
-        raise ValueError(f"'{path}' is not a yolo-cb checkpoint: expected a dict with 'model'/'ema' state_dicts, got {type(ckpt).__name__}"
-                         + (f" with keys {sorted(ckpt)[:8]}" if isinstance(ckpt, dict) else ""))
+        raise CheckpointError(f"cannot read checkpoint '{path}' (truncated, or not a torch file?): {str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
+    if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt) or "model_cfg" not in ckpt:
+        from yolo_cb.nn import megvii
+
+        if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
+            return megvii.convert(ckpt, path)
+        raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
     return ckpt
 
 
@@ -95,9 +105,62 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def strip_optimizer(path: Path) -> None:
-    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32."""
+def strip_optimizer(path: Path, finished: bool = False) -> None:
+    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32. `finished` marks the run as ended."""
     ckpt = load_checkpoint(path)
     ckpt["optimizer"] = None
     ckpt["scaler"] = None
+    if finished:
+        ckpt["finished"] = True
     save_checkpoint(ckpt, path)
+
+
+def is_finished(ckpt: dict[str, Any]) -> bool:
+    """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
+    return bool(ckpt["finished"]) if "finished" in ckpt else ckpt.get("optimizer") is None
+
+
+def checkpoint_epoch(path: str | Path) -> int | None:
+    """The epoch a checkpoint file holds; None if it is missing or unreadable (read memory-mapped, weights_only)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["epoch"])
+    except Exception:
+        return None
+
+
+def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names."""
+    from yolo_cb.data.verify import list_image_files
+
+    def count(split) -> int:
+        try:
+            return len(list_image_files(split)) if split else 0
+        except FileNotFoundError:
+            return 0
+
+    names = data.get("names") or {}
+    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")), "val_images": count(data.get("val")),
+            "names": [str(names[k]) for k in sorted(names)]}
+
+
+def describe_dataset(fingerprint: dict[str, Any]) -> str:
+    names = fingerprint.get("names") or []
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
+
+
+def check_same_dataset(ckpt: dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
+    """Refuse (ResumeError) to resume `ckpt` on a dataset other than the one it was trained on, naming both."""
+    old = ckpt.get("data_fingerprint")
+    if old is None:  # an older checkpoint: only its class names are known
+        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.get("names") or {}).items())]
+        if old_names and old_names != fingerprint["names"]:
+            raise ResumeError(f"cannot resume {path}: it was trained on the classes {old_names}, but the dataset is now "
+                              f"{describe_dataset(fingerprint)}. Resume needs the dataset the run was trained on.")
+        return
+    keys = ("train_images", "val_images", "names")
+    if any(old.get(k) != fingerprint.get(k) for k in keys):
+        raise ResumeError(f"cannot resume {path}: the dataset changed. The run was trained on {describe_dataset(old)}; "
+                          f"now it is {describe_dataset(fingerprint)}. Resume needs the same dataset; to train on another one, "
+                          f"start a new run from the weights (model={path} data=...).")

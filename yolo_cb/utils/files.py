@@ -1,27 +1,77 @@
-"""Files: atomic writes and auto-incremented run directories."""
+"""Files: atomic writes and auto-incremented run directories.
+
+Written files get the permissions any other new file would: 0o666 less the process umask (the kernel applies
+it, and a folder's default ACL, when the temp file is created), or the permissions of the file they replace.
+Failures the user can fix (read-only or full filesystem, a file where a folder should be) raise WriteError,
+an OSError that names the path.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-import tempfile
+import secrets
+import stat
 from pathlib import Path
+
+from yolo_cb.errors import WriteError, os_reason
+
+# OSErrors caused by where the user asked us to write, not by a bug: reported as WriteError
+USER_FIXABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EFBIG}
+
+
+def create_temp(folder: Path, prefix: str, suffix: str) -> tuple[int, Path]:
+    """Create a new empty file ``folder/<prefix><random><suffix>`` exclusively; returns (fd, path).
+
+    Like tempfile.mkstemp, but with mode 0o666 so the umask (not a fixed 0o600) decides who may read it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        path = Path(folder) / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(folder))
+
+
+def write_error(error: OSError, path: Path, what: str = "") -> OSError:
+    """A WriteError naming ``path`` for an OSError the user can fix; any other OSError unchanged."""
+    if isinstance(error, WriteError) or error.errno not in USER_FIXABLE:
+        return error
+    hint = {errno.ENOSPC: "free some space or write elsewhere", errno.EDQUOT: "free some space or write elsewhere",
+            errno.EFBIG: "write elsewhere"}.get(error.errno, "choose a folder this process may write to")
+    where = f"{what} ({path})" if what else str(path)
+    return WriteError(f"cannot write {where}: {os_reason(error)}; {hint}", error.errno, str(path))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder, fsync, then os.replace: readers never see half a file."""
+    """Write via a temp file in the same folder, fsync, then os.replace: readers never see half a file.
+
+    A new file's mode follows the umask; a replaced file keeps its mode."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = create_temp(path.parent, f".{path.name}.", ".tmp")
         with os.fdopen(fd, "wb") as f:
+            try:
+                old_mode = stat.S_IMODE(os.stat(path).st_mode)
+            except OSError:
+                old_mode = None
+            if old_mode is not None:
+                os.fchmod(f.fileno(), old_mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        converted = write_error(error, path) if isinstance(error, OSError) else error
+        if converted is error:
+            raise
+        raise converted from error
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -43,6 +93,16 @@ def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Pa
 
 
 def run_dir(args, mode: str) -> Path:
-    """The run directory for `mode` from project=/name=/exist_ok= (runs/<mode>/<name>)."""
+    """The run directory for `mode` from project=/name=/exist_ok= (runs/<mode>/<name>), created.
+
+    A project= that cannot hold it (a file, read-only, full) raises WriteError naming project= and the reason."""
     project = Path(args.project) if args.project else Path("runs") / mode
-    return increment_path(project / (args.name or "exp"), exist_ok=bool(args.exist_ok))
+    wanted = project / (args.name or "exp")
+    try:
+        return increment_path(wanted, exist_ok=bool(args.exist_ok))
+    except OSError as error:
+        blocker = next((p for p in (project, *project.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a folder" if blocker is not None else os_reason(error)
+        setting = f"project={args.project}" if args.project else f"the default project folder {project}"
+        raise WriteError(f"{setting}: cannot create the run folder {wanted}: {reason}; pass project= a folder this process "
+                         f"may write to", error.errno, str(wanted)) from error
