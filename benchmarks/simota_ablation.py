@@ -182,9 +182,9 @@ def table(results: list[dict]) -> str:
                   "|---|---:|---:|---|---:|---|"]
         for variant, rs in by_variant.items():
             finals, aucs = [r["final"] for r in rs], [r["auc"] for r in rs]
-            lines.append(f"| {describe(variant)} | {len(rs)} | {sum(finals) / len(finals):.3f} | "
-                         f"{min(finals):.3f}-{max(finals):.3f} | {sum(aucs) / len(aucs):.3f} | "
-                         f"{min(aucs):.3f}-{max(aucs):.3f} |")
+            lines.append(f"| {describe(variant)} | {len(rs)} | {sum(finals) / len(finals):.4f} | "
+                         f"{min(finals):.4f}-{max(finals):.4f} | {sum(aucs) / len(aucs):.4f} | "
+                         f"{min(aucs):.4f}-{max(aucs):.4f} |")
     return "\n".join(lines)
 
 
