@@ -10,6 +10,7 @@ exit status 1 if any run failed. Failed runs keep their output in --log-dir.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -42,7 +43,8 @@ def run_phase(busy: int, runs: int, tests: str, log_dir: Path) -> int:
             if not ok:
                 log = log_dir / f"busy{busy}_run{i}.log"
                 log.write_text(proc.stdout + proc.stderr)
-            print(f"busy={busy} run {i:>2}/{runs}: {'pass' if ok else 'FAIL (' + str(log) + ')'} in {time.monotonic() - started:.0f} s", flush=True)
+            print(f"busy={busy} run {i:>2}/{runs}: {'pass' if ok else 'FAIL (' + str(log) + ')'} in {time.monotonic() - started:.0f} s"
+                  f" (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         stop_busy(procs)
     print(f"busy={busy}: {passed}/{runs} passed", flush=True)
