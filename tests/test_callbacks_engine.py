@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from yolo_cb.callbacks import EVENTS, CallbackError, Callbacks, rank_zero_only
-from yolo_cb.callbacks.registry import REGISTRY, apply_specs, build_trainer_callbacks, parse_specs, register_callback
+from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks, parse_specs
+from yolo_cb.callbacks.registry import REGISTRY, register_callback
 from yolo_cb.config import get_config
 
 

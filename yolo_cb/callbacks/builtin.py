@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.utils.checkpoint import save_checkpoint, serialize_checkpoint
+from yolo_cb.engine.checkpoint import save_checkpoint, serialize_checkpoint
+from yolo_cb.engine.stop import StopCause
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
@@ -192,8 +193,7 @@ class EarlyStopping:
         self.on_model_save(trainer)
         patience = trainer.args.patience
         if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
-            trainer.stop = True
-            trainer.stop_reason = f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})"
+            trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
 
     def state_dict(self):
         return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
