@@ -114,3 +114,31 @@ def test_the_callbacks_package_names_no_integration():
         source = path.read_text()
         named = sorted(name for name in integrations if f'"{name}"' in source or f"'{name}'" in source or f"integrations.{name}" in source)
         assert not named, f"{path.relative_to(PACKAGE.parent)} names the integrations {named}"
+
+
+def settings_read_in_source() -> dict[str, list[str]]:
+    """`<x>.args.NAME` and `args.NAME` attribute reads in yolo_cb -> where they occur."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id == "args") or (isinstance(base, ast.Attribute) and base.attr == "args"):
+                found.setdefault(node.attr, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_setting_our_code_reads_exists():
+    """A misspelt setting in our own code (`args.epoch` for `args.epochs`) fails here, not in a user's run."""
+    import yaml
+
+    from yolo_cb.config import Config
+    from yolo_cb.paths import DEFAULT_CFG
+
+    keys = set(yaml.safe_load(DEFAULT_CFG.read_text()))
+    methods = {name for name in dir(Config) if not name.startswith("__")}
+    reads = settings_read_in_source()
+    assert len(reads) > 40
+    unknown = {name: where for name, where in reads.items() if name not in keys and name not in methods and not name.startswith("_")}
+    assert not unknown, f"settings read in the code but not in cfg/default.yaml: {unknown}"
