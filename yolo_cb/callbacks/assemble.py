@@ -123,6 +123,18 @@ def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     callbacks.add_callbacks(obj, name=getattr(obj, "registry_name", None))
 
 
+def in_dependency_order(names: tuple[str, ...]) -> list[str]:
+    """Registered names ordered so that each comes after those its class names in `runs_after` (otherwise as given)."""
+    pending, ordered = list(names), []
+    while pending:
+        ready = next((n for n in pending if all(d in ordered or d not in pending for d in getattr(REGISTRY[n], "runs_after", ()))), None)
+        if ready is None:
+            raise ValueError(f"callbacks {pending} wait for each other (runs_after forms a cycle)")
+        ordered.append(ready)
+        pending.remove(ready)
+    return ordered
+
+
 def importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -137,7 +149,7 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
 
     load_builtins()
     callbacks = Callbacks()
-    for name in DEFAULTS:
+    for name in in_dependency_order(DEFAULTS):
         callbacks.add_callbacks(build_registered(name), group="default", name=name)
     for name, spec in INTEGRATIONS.items():
         if not spec.enabled(args):

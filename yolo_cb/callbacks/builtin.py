@@ -139,6 +139,9 @@ def read_results(path: Path) -> list[dict]:
 class Checkpoint:
     """last.pt every epoch, best.pt when fitness improves, epoch{N}.pt every save_period, top-k best_epoch{N}.pt."""
 
+    # their on_model_save updates the state (the epoch's results row, the best fitness) that the checkpoint stores
+    runs_after = ("results_csv", "early_stopping")
+
     def __init__(self):
         self.topk: list[tuple[float, int]] = []  # (fitness, epoch) of the kept top-k files
 
@@ -202,4 +205,5 @@ class EarlyStopping:
         self.best_fitness, self.best_epoch = state.get("best_fitness"), int(state.get("best_epoch", 0))
 
 
-DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")  # registration order = firing order
+# the default callbacks; their firing order comes from each one's `runs_after` (see assemble.in_dependency_order)
+DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")
