@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from yolo_cb.engine.backend import load_backend, parse_names, select_device
+from yolo_cb.engine.checkpoint import model_from_checkpoint, save_checkpoint
 from yolo_cb.engine.exporter import export_onnx
 from yolo_cb.nn import build_model
-from yolo_cb.utils.checkpoint import model_from_checkpoint, save_checkpoint
 
 NAMES = {0: "a", 1: "b", 2: "c"}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from yolo_cb.callbacks import EVENTS, CallbackError, Callbacks, rank_zero_only
-from yolo_cb.callbacks.registry import REGISTRY, apply_specs, build_trainer_callbacks, parse_specs, register_callback
+from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks, parse_specs
+from yolo_cb.callbacks.registry import REGISTRY, register_callback
 from yolo_cb.config import get_config
 
 
@@ -188,3 +189,25 @@ def test_rank_zero_only(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     fn(None)
     assert calls == [1]
+
+
+def test_default_callbacks_fire_in_their_declared_dependency_order():
+    from yolo_cb.callbacks.assemble import in_dependency_order, load_builtins
+
+    load_builtins()
+    order = in_dependency_order(("checkpoint", "progress", "early_stopping", "results_csv"))
+    assert order.index("checkpoint") > max(order.index("early_stopping"), order.index("results_csv"))
+    assert order[0] == "progress"  # no dependency: keeps its place
+
+    class A:
+        runs_after = ("test_b",)
+
+    class B:
+        runs_after = ("test_a",)
+
+    REGISTRY.update(test_a=A, test_b=B)
+    try:
+        with pytest.raises(ValueError, match="cycle"):
+            in_dependency_order(("test_a", "test_b"))
+    finally:
+        REGISTRY.pop("test_a"), REGISTRY.pop("test_b")

@@ -43,7 +43,7 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     markers.mkdir()
 
     def record_writes(trainer):  # a closure over markers: serialised by value to each worker
-        import yolo_cb.utils.checkpoint as ckpt_mod
+        import yolo_cb.engine.checkpoint as ckpt_mod
         import yolo_cb.utils.files as files_mod
 
         original = files_mod.atomic_write_bytes
@@ -98,7 +98,7 @@ def test_ddp_resume_from_rank0_checkpoint(tiny, tmp_path):
     first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
     first.train(**{**tiny, "epochs": 2, "nproc": 2, "device": "cpu"})
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
-    from yolo_cb.utils.checkpoint import load_checkpoint
+    from yolo_cb.engine.checkpoint import load_checkpoint
 
     assert load_checkpoint(last)["epoch"] == 0
     starts = tmp_path / "starts"

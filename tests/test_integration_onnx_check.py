@@ -115,15 +115,11 @@ def test_strict_fails_training_on_a_non_exportable_model(tiny, monkeypatch):
 
 
 def test_strict_setting_registers_the_check_to_raise():
-    """onnx_check=strict must make a failed check fail training: the registry registers it with on_error='raise'."""
-    from yolo_cb.callbacks.registry import build_trainer_callbacks
+    """onnx_check=strict must make a failed check fail training: it is registered with on_error='raise'."""
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
     from yolo_cb.config import get_config
 
     callbacks = build_trainer_callbacks(get_config({"onnx_check": "strict", "mlflow": False, "tensorboard": False}))
-    policies = {e.on_error for e in callbacks.entries() if e.name.startswith("onnx_check.")}
-    if policies == {"disable"}:
-        pytest.skip("registry.build_trainer_callbacks still registers onnx_check with on_error='disable' under onnx_check=strict "
-                    "(lead: on_error = 'raise' if name == 'onnx_check' and args.onnx_check == 'strict' else 'disable')")
-    assert policies == {"raise"}
+    assert {e.on_error for e in callbacks.entries() if e.name.startswith("onnx_check.")} == {"raise"}
     relaxed = build_trainer_callbacks(get_config({"onnx_check": True, "mlflow": False, "tensorboard": False}))
     assert {e.on_error for e in relaxed.entries() if e.name.startswith("onnx_check.")} == {"disable"}

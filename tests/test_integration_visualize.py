@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.engine.results import class_color
 from yolo_cb.integrations.visualize import ImageTracker, Visualize, image_tag
-from yolo_cb.utils.draw import plot_batch, targets_to_boxes
+from yolo_cb.utils.draw import class_color, plot_batch, targets_to_boxes
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 

@@ -1,7 +1,7 @@
 """Loss parity with Megvii's YOLOX: with Megvii's YOLOX-nano weights and the input and boxes they computed their losses
 on, YOLOXLoss(assigner="megvii") reproduces their foreground count and IoU, objectness and classification losses, and
 their L1 loss up to a choice between exactly tied cells; our default assigner does not (its departures are the switches
-documented at yolo_cb.loss.ASSIGNERS).
+documented at yolo_cb.nn.loss.ASSIGNERS).
 
 The reference, yolox_nano_loss.pt (in ../shared/golden/yolox, or $YOLO_CB_GOLDEN_DIR), holds: `input` (2, 3, 416, 416),
 raw 0-255 pixels as Megvii's model takes them; `targets` (2, 50, 5) rows [class, cx, cy, w, h] in input pixels, padded
@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo_cb.loss import ASSIGNERS, YOLOXLoss
+from yolo_cb.nn.loss import ASSIGNERS, YOLOXLoss
 
 GOLDEN_DIR = Path(os.environ.get("YOLO_CB_GOLDEN_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "golden" / "yolox")
 LOSS_FILE = GOLDEN_DIR / "yolox_nano_loss.pt"

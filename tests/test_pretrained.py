@@ -37,10 +37,10 @@ import torch
 
 from yolo_cb import YOLO, weights
 from yolo_cb.engine.backend import load_backend
+from yolo_cb.engine.checkpoint import UnsafeCheckpointError, load_checkpoint, model_from_checkpoint
 from yolo_cb.errors import CheckpointError
 from yolo_cb.nn import build_model, megvii
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
-from yolo_cb.utils.checkpoint import UnsafeCheckpointError, load_checkpoint, model_from_checkpoint
 
 GOLDEN_DIR = Path(os.environ.get("YOLO_CB_GOLDEN_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "golden" / "yolox")
 VARIANTS = {"nano": ("yolox-nano", 416, 912_159), "s": ("yolox-s", 640, 8_968_255)}  # name, Megvii's input size, parameters

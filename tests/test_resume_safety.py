@@ -16,7 +16,7 @@ import yaml
 
 from yolo_cb import YOLO
 from yolo_cb.callbacks.engine import CallbackError
-from yolo_cb.utils.checkpoint import load_checkpoint
+from yolo_cb.engine.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

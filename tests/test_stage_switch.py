@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
+from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.integrations.stage_switch import switch_epoch
-from yolo_cb.utils.checkpoint import load_checkpoint
 
 COLOURS = [(b, g, r) for b in (20, 230) for g in (40, 200) for r in (10, 140, 250)]  # 12 distinct BGR colours, none grey
 

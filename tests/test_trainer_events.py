@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from yolo_cb import YOLO
 from yolo_cb.callbacks import CallbackError
 from yolo_cb.callbacks.events import TRAINER_EVENTS, VALIDATOR_EVENTS
+from yolo_cb.engine.stop import StopCause
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +110,23 @@ def test_design_example_stop_at_target_works_as_written(tiny):
     model.add_callback("on_fit_epoch_end", stop_at_target)
     model.train(**{**tiny, "epochs": 5})
     assert model.trainer.epoch == 0
+    assert model.trainer.stop_cause is StopCause.CALLBACK  # a plain trainer.stop = True
+
+
+def test_a_stop_with_a_finishing_cause_leaves_final_checkpoints(tiny):
+    """request_stop(StopCause.TARGET, ...) (the docs' example): the cause is kept, and the run counts as finished, so
+    last.pt is final (no optimizer state) where a plain stop keeps it resumable."""
+    def stop_at_target(trainer):
+        if trainer.metrics.get("metrics/mAP50-95(B)", 0) >= 0.0:
+            trainer.request_stop(StopCause.TARGET, "target mAP reached")
+            trainer.request_stop(StopCause.CALLBACK, "a second request does not replace the first")
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_fit_epoch_end", stop_at_target)
+    model.train(**{**tiny, "epochs": 3})
+    assert (model.trainer.stop_cause, model.trainer.stop_reason) == (StopCause.TARGET, "target mAP reached")
+    last = torch.load(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt", weights_only=True)
+    assert last["optimizer"] is None and last["finished"] is True and last["epoch"] == 0
 
 
 def test_stateful_callback_state_survives_resume(tiny, tmp_path):
@@ -130,7 +149,7 @@ def test_stateful_callback_state_survives_resume(tiny, tmp_path):
 
 
 def test_cli_yaml_and_python_declarations_register_the_same(tiny, tmp_path):
-    from yolo_cb.callbacks.registry import build_trainer_callbacks
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
     from yolo_cb.config import get_config
 
     cfg = tmp_path / "cb.yaml"

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
+from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.engine.trainer import NonFiniteLossError
 from yolo_cb.errors import ConfigError
-from yolo_cb.utils.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -116,7 +116,7 @@ def user_error(error: BaseException) -> BaseException | None:
     User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
     FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback (a full disk met
     while the checkpoint callback saves)."""
-    unsafe = getattr(sys.modules.get("yolo_cb.utils.checkpoint"), "UnsafeCheckpointError", ())
+    unsafe = getattr(sys.modules.get("yolo_cb.engine.checkpoint"), "UnsafeCheckpointError", ())
     if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
         return error
     callback_error = getattr(sys.modules.get("yolo_cb.callbacks.engine"), "CallbackError", ())

@@ -67,11 +67,11 @@ def _bad(key: str, value: Any, expected: str) -> ConfigError:
 
 def coerce(key: str, value: Any, default: Any) -> Any:
     """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range."""
-    if isinstance(value, str) and key not in FREE and key not in ("name",):
+    if isinstance(value, str) and key not in FREE:  # free-text keys stay strings; the others parse as YAML scalars
         stripped = value.strip()
         parsed = yaml.safe_load(stripped) if stripped else None
-        if not isinstance(parsed, (dict, list)) or key == "classes":
-            value = parsed if key not in ("model", "data") else value
+        if not isinstance(parsed, (dict, list)):
+            value = parsed
     if key in ENUMS:
         choices = ENUMS[key]
         if key == "cache" and value is True:
@@ -157,9 +157,9 @@ def check_callbacks(value: Any) -> None:
     an unknown event or registered name, a module that does not import, a missing attribute, a non-callable.
 
     Nothing is instantiated here (a class's constructor runs once, when the callbacks are built)."""
+    from yolo_cb.callbacks.assemble import import_object, parse_specs, registered_names
     from yolo_cb.callbacks.engine import event_methods
     from yolo_cb.callbacks.events import EVENTS
-    from yolo_cb.callbacks.registry import import_object, parse_specs, registered_names
 
     def bad(item: Any, reason: str) -> ConfigError:
         return ConfigError(f"invalid value for 'callbacks': item {item!r}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import ConfigError, get_config
 from yolo_cb.utils.log import setup_logging
@@ -29,7 +30,7 @@ class _DefaultModel(str):
     """The model YOLO() trains when none is named; a resume tells it apart from a model the user named."""
 
 
-DEFAULT_MODEL = _DefaultModel("yolox-nano.yaml")
+DEFAULT_MODEL = _DefaultModel(paths.DEFAULT_MODEL)
 
 
 class YOLO:
@@ -48,7 +49,7 @@ class YOLO:
             self._read_overrides()
 
     def _read_overrides(self) -> None:
-        from yolo_cb.utils.checkpoint import load_checkpoint
+        from yolo_cb.engine.checkpoint import load_checkpoint
 
         self.overrides = {k: v for k, v in (load_checkpoint(self.source).get("train_args") or {}).items()
                           if k in ("data", "imgsz", "datasets_dir")}
@@ -91,7 +92,7 @@ class YOLO:
         return self
 
     def _engine_callbacks(self, args) -> Callbacks:
-        from yolo_cb.callbacks.registry import apply_specs
+        from yolo_cb.callbacks.assemble import apply_specs
 
         callbacks = self.callbacks.copy()
         apply_specs(callbacks, args.callbacks)
@@ -100,7 +101,7 @@ class YOLO:
     # --- modes ----------------------------------------------------------------------------
     def train(self, **kwargs) -> dict:
         """Train (or resume, with resume=True / resume=path); returns the final metrics dict."""
-        from yolo_cb.callbacks.registry import build_trainer_callbacks
+        from yolo_cb.callbacks.assemble import build_trainer_callbacks
         from yolo_cb.engine.trainer import Trainer
 
         kwargs = dict(kwargs)
@@ -114,7 +115,7 @@ class YOLO:
         resume_ckpt, resume_path = None, None
         if kwargs.get("resume") not in (None, False, "False", "false"):
             args, resume_ckpt, resume_path = prepare_resume(kwargs, model=source if model_named else None)
-            from yolo_cb.utils.checkpoint import is_finished
+            from yolo_cb.engine.checkpoint import is_finished
 
             if is_finished(resume_ckpt):
                 setup_logging(args.verbose)
@@ -154,7 +155,7 @@ class YOLO:
 
     def _finished_run(self, args, ckpt: dict, path: Path, overrides: dict) -> dict:
         """resume= of a run that ended: nothing to train and nothing written; say how to train further."""
-        from yolo_cb.utils.checkpoint import ResumeError
+        from yolo_cb.engine.checkpoint import ResumeError
         from yolo_cb.utils.log import LOGGER
 
         done, total = int(ckpt.get("epoch", -1)) + 1, int(ckpt.get("epochs") or 0)
@@ -233,7 +234,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
     nothing will be trained (the caller says so)."""
-    from yolo_cb.utils.checkpoint import is_finished, load_checkpoint
+    from yolo_cb.engine.checkpoint import is_finished, load_checkpoint
 
     value = overrides["resume"]
     path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
@@ -270,7 +271,7 @@ def _same_data_yaml(a: Any, b: Any) -> bool:
 def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
     """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
     weights the run started from are fine; anything else would be silently ignored, so it is an error."""
-    from yolo_cb.utils.checkpoint import ResumeError
+    from yolo_cb.engine.checkpoint import ResumeError
 
     if model is None:
         return
@@ -294,6 +295,6 @@ def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
 def check_resume_data(args, ckpt: dict, path: Path) -> None:
     """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
     from yolo_cb.data.resolve import check_data
-    from yolo_cb.utils.checkpoint import check_same_dataset, dataset_fingerprint
+    from yolo_cb.engine.checkpoint import check_same_dataset, dataset_fingerprint
 
     check_same_dataset(ckpt, dataset_fingerprint(check_data(args.data or "shapes.yaml", args.datasets_dir)), path)

@@ -154,7 +154,7 @@ def _converted_hash(path: Path) -> str | None:
 def fetch_official(variant: str, folder: Path) -> Path:
     """The verified yolo-cb checkpoint for an official variant in `folder`: reused, converted from a Megvii file already
     there (downloaded earlier or put there by hand), or downloaded, verified and converted (see the module docstring)."""
-    from yolo_cb.utils.checkpoint import save_checkpoint
+    from yolo_cb.engine.checkpoint import save_checkpoint
     from yolo_cb.utils.files import atomic_write_bytes
 
     spec = OFFICIAL[variant]

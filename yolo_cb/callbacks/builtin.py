@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.utils.checkpoint import save_checkpoint, serialize_checkpoint
+from yolo_cb.engine.checkpoint import save_checkpoint, serialize_checkpoint
+from yolo_cb.engine.stop import StopCause
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
@@ -138,6 +139,9 @@ def read_results(path: Path) -> list[dict]:
 class Checkpoint:
     """last.pt every epoch, best.pt when fitness improves, epoch{N}.pt every save_period, top-k best_epoch{N}.pt."""
 
+    # their on_model_save updates the state (the epoch's results row, the best fitness) that the checkpoint stores
+    runs_after = ("results_csv", "early_stopping")
+
     def __init__(self):
         self.topk: list[tuple[float, int]] = []  # (fitness, epoch) of the kept top-k files
 
@@ -192,8 +196,7 @@ class EarlyStopping:
         self.on_model_save(trainer)
         patience = trainer.args.patience
         if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
-            trainer.stop = True
-            trainer.stop_reason = f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})"
+            trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
 
     def state_dict(self):
         return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
@@ -202,4 +205,5 @@ class EarlyStopping:
         self.best_fitness, self.best_epoch = state.get("best_fitness"), int(state.get("best_epoch", 0))
 
 
-DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")  # registration order = firing order
+# the default callbacks; their firing order comes from each one's `runs_after` (see assemble.in_dependency_order)
+DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")

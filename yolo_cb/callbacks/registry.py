@@ -1,44 +1,55 @@
-"""Callbacks by name: @register_callback, and building callbacks from CLI strings and YAML lists.
+"""Names for callbacks: `@register_callback` for a callback class or factory, `@integration` for one that a setting
+switches on. It imports only the engine; the modules that register import it (see callbacks/assemble.py
+for building callbacks from names and the trainer's set).
 
-Accepted declarations (CLI `callbacks=` comma-separated, or a YAML `callbacks:` list):
-  early_stop_at                       a registered name (built with no arguments)
-  {early_stop_at: {target: 0.5}}      a registered name with keyword arguments (YAML)
-  on_fit_epoch_end=mypkg.cbs:fn       an event and an import path to a function fn(obj)
-  {on_fit_epoch_end: mypkg.cbs:fn}    the same, YAML style
-  mypkg.cbs:MyCallback                an import path to a class (instantiated) or an object with on_* methods
+An integration is one file in yolo_cb/integrations/ that declares everything about itself where it registers:
+
+    @integration("mylogger", enabled=lambda args: bool(args.mylogger), requires={"mylogger": "pip install mylogger"})
+    class MyLogger: ...
+
+plus its setting's line in cfg/default.yaml. Nothing else names it.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.callbacks.events import EVENTS
-from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.callbacks.engine import ON_ERROR
 
 REGISTRY: dict[str, Callable[..., Any]] = {}
-# modules whose import registers the built-in callbacks and integrations
-_BUILTIN_MODULES = (
-    "yolo_cb.callbacks.builtin",
-    "yolo_cb.integrations.mlflow",
-    "yolo_cb.integrations.tensorboard",
-    "yolo_cb.integrations.onnx_check",
-    "yolo_cb.integrations.visualize",
-    "yolo_cb.integrations.stage_switch",
-)
+INTEGRATIONS: dict[str, Integration] = {}
 
 
-def register_callback(name: str):
-    """Decorator: register a callback class or factory under `name`; it builds an object with on_* methods."""
+@dataclass(frozen=True)
+class Integration:
+    """How the trainer's callback set includes one integration."""
+
+    name: str
+    enabled: Callable[[Any], bool]  # settings -> whether this run uses it
+    # what a failing callback of it does: a policy, or settings -> policy. Loggers "disable" (the run goes on without
+    # them); anything that changes the recipe must "raise", or the run would silently train something else.
+    on_error: str | Callable[[Any], str] = "disable"
+    requires: Mapping[str, str] = field(default_factory=dict)  # importable module -> the install hint when missing
+
+    def policy(self, args: Any) -> str:
+        return self.on_error(args) if callable(self.on_error) else self.on_error
+
+
+def register_callback(name: str | None = None):
+    """Decorator: register a callback class or factory under `name` (default: the class's name); it builds an object
+    with on_* methods. `@register_callback` without parentheses works too."""
+    if callable(name):  # used bare: @register_callback
+        return register_callback(None)(name)
 
     def decorate(factory):
-        if name in REGISTRY and REGISTRY[name] is not factory:
-            raise ValueError(f"callback name '{name}' is already registered by {REGISTRY[name]!r}")
-        REGISTRY[name] = factory
+        key = name or factory.__name__
+        if key in REGISTRY and REGISTRY[key] is not factory:
+            raise ValueError(f"callback name '{key}' is already registered by {REGISTRY[key]!r}")
+        REGISTRY[key] = factory
         try:
-            factory.registry_name = name
+            factory.registry_name = key
         except (AttributeError, TypeError):
             pass
         return factory
@@ -46,139 +57,15 @@ def register_callback(name: str):
     return decorate
 
 
-def load_builtins() -> None:
-    """Import the modules that register built-in callbacks and integrations (idempotent)."""
-    for module in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:  # a missing optional dependency is handled by the integration itself
-                raise
+def integration(name: str, *, enabled: Callable[[Any], bool], on_error: str | Callable[[Any], str] = "disable",
+                requires: Mapping[str, str] | None = None):
+    """Decorator: register an integration's callback class under `name` and declare when the trainer includes it."""
+    if not callable(on_error) and on_error not in ON_ERROR:
+        raise ValueError(f"integration '{name}': on_error must be one of {ON_ERROR}, got {on_error!r}")
 
+    def decorate(factory):
+        register_callback(name)(factory)
+        INTEGRATIONS[name] = Integration(name, enabled, on_error, dict(requires or {}))
+        return factory
 
-def registered_names() -> list[str]:
-    load_builtins()
-    return sorted(REGISTRY)
-
-
-def import_object(path: str) -> Any:
-    """'package.module:attr' (or 'package.module.attr') -> the attribute."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"callback '{path}' is neither a registered name nor an import path 'module:attr'.{did_you_mean(path, registered_names())}"
-                         f" Registered: {', '.join(registered_names())}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, registered_names())}") from error
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
-        obj = getattr(obj, part)
-    return obj
-
-
-def build_registered(name: str, kwargs: dict | None = None) -> Any:
-    load_builtins()
-    if name not in REGISTRY:
-        raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
-    obj = REGISTRY[name](**(kwargs or {}))
-    if getattr(obj, "registry_name", None) != name:
-        try:
-            obj.registry_name = name
-        except AttributeError:
-            pass
-    return obj
-
-
-def parse_specs(value: Any) -> list:
-    """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
-    if value in (None, "", [], False):
-        return []
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, dict):
-        return [{k: v} for k, v in value.items()]
-    if isinstance(value, (list, tuple)):
-        items = []
-        for item in value:
-            items.extend(parse_specs(item) if isinstance(item, str) else [item])
-        return items
-    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {value!r}")
-
-
-def apply_specs(callbacks: Callbacks, value: Any) -> None:
-    """Register every declared callback in `value` on `callbacks` (user group)."""
-    for item in parse_specs(value):
-        if isinstance(item, dict):
-            for key, arg in item.items():
-                if key in EVENTS:
-                    _add_function(callbacks, key, arg)
-                else:
-                    _add_object(callbacks, key, arg if isinstance(arg, dict) else None)
-        elif "=" in item:
-            event, _, path = item.partition("=")
-            _add_function(callbacks, event.strip(), path.strip())
-        else:
-            _add_object(callbacks, item, None)
-
-
-def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
-    if event not in EVENTS:
-        raise ValueError(f"callbacks: unknown event '{event}'.{did_you_mean(event, EVENTS)}")
-    fn = import_object(path) if isinstance(path, str) else path
-    callbacks.add_callback(event, fn)
-
-
-def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
-    load_builtins()
-    if name in REGISTRY:
-        obj = build_registered(name, kwargs)
-    else:
-        if ":" not in name and "." not in name:
-            raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
-        obj = import_object(name)
-        if isinstance(obj, type):
-            obj = obj(**(kwargs or {}))
-    callbacks.add_callbacks(obj, name=getattr(obj, "registry_name", None))
-
-
-# integration name -> the setting that switches it on
-INTEGRATIONS = {
-    "tensorboard": lambda args: bool(args.tensorboard),
-    "mlflow": lambda args: bool(args.mlflow),
-    "onnx_check": lambda args: args.onnx_check in (True, "strict"),
-    "visualize": lambda args: bool(args.plots),
-    "stage_switch": lambda args: bool(args.no_aug_epochs or args.next_stage_start_epoch is not None or args.close_mosaic),
-}
-
-
-def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
-    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
-    from yolo_cb.callbacks.builtin import DEFAULTS
-    from yolo_cb.utils.log import LOGGER
-
-    callbacks = Callbacks()
-    for name in DEFAULTS:
-        callbacks.add_callbacks(build_registered(name), group="default", name=name)
-    for name, enabled in INTEGRATIONS.items():
-        if not enabled(args):
-            continue
-        try:
-            obj = build_registered(name, {})
-        except ImportError as error:
-            LOGGER.warning(f"WARNING integration '{name}' is off: {error}")
-            continue
-        except ValueError:  # not written / not registered in this build
-            continue
-        # integrations switch themselves off on error; a strict ONNX check must fail the run instead
-        on_error = "raise" if name == "onnx_check" and args.onnx_check == "strict" else "disable"
-        callbacks.add_callbacks(obj, group="integration", on_error=on_error, name=name)
-    callbacks.mark_defaults()
-    if user is not None:
-        callbacks.extend(user)
-    apply_specs(callbacks, getattr(args, "callbacks", None))
-    return callbacks
+    return decorate

@@ -29,7 +29,7 @@ import numpy as np
 
 LOGGER = logging.getLogger("yolo_cb")
 
-IMG_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"}
+IMG_SUFFIXES = frozenset({".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
 # image types a folder may hold that OpenCV cannot read: listed so the user hears about them
 UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".pfm"}
 COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
@@ -103,11 +103,9 @@ def _exif_orientation(path: str) -> int:
 
 
 def _pil_decode(path: str) -> np.ndarray | None:
-    """Pillow decode with the EXIF orientation applied, as BGR uint8; None when Pillow is missing or cannot decode it."""
-    try:
-        from PIL import Image, ImageOps
-    except ImportError:
-        return None
+    """Pillow decode with the EXIF orientation applied, as BGR uint8; None when Pillow cannot decode it."""
+    from PIL import Image, ImageOps
+
     try:
         with Image.open(path) as im:
             rgb = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
@@ -127,22 +125,19 @@ def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
         return None, f"unreadable image ({e.strerror or e})"
     if size == 0:
         return None, "empty image file (0 bytes)"
+    from PIL import Image
+
     try:
-        from PIL import Image
-    except ImportError:  # pillow normally comes with torchvision; the decode below still checks the image
-        Image = None
-    if Image is not None:
-        try:
-            with Image.open(path) as im:
-                im.verify()  # structure and checksums, which a decoder may skip over
-                fmt = (im.format or "").lower()
-        except Exception as e:  # PIL raises many types for bad files
-            return None, f"unreadable or corrupt image ({type(e).__name__}: {e})"
-        if fmt in ("jpeg", "mpo"):
-            with open(path, "rb") as f:
-                f.seek(-2, os.SEEK_END)
-                if f.read(2) != b"\xff\xd9":
-                    return None, "truncated JPEG (no end-of-image marker FF D9)"
+        with Image.open(path) as im:
+            im.verify()  # structure and checksums, which a decoder may skip over
+            fmt = (im.format or "").lower()
+    except Exception as e:  # PIL raises many types for bad files
+        return None, f"unreadable or corrupt image ({type(e).__name__}: {e})"
+    if fmt in ("jpeg", "mpo"):
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            if f.read(2) != b"\xff\xd9":
+                return None, "truncated JPEG (no end-of-image marker FF D9)"
     img = imread(str(path))  # exactly what the loader will do
     if img is None:
         return None, "unreadable or corrupt image (neither OpenCV nor Pillow could decode it)"

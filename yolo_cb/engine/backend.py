@@ -171,10 +171,7 @@ class ONNXBackend(Backend):
     kind = "onnx"
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool):
-        try:
-            import onnxruntime as ort
-        except ImportError as error:  # pragma: no cover - a core dependency
-            raise ImportError("running .onnx models needs onnxruntime: pip install onnxruntime (or onnxruntime-gpu)") from error
+        import onnxruntime as ort
         providers = ["CPUExecutionProvider"]
         if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
@@ -257,7 +254,7 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False) -> Backe
     if suffix in (".torchscript", ".ts", ".jit"):
         return TorchScriptBackend(str(path), device=dev, fp16=fp16)
     if suffix in (".pt", ".pth"):
-        from yolo_cb.utils.checkpoint import model_from_checkpoint
+        from yolo_cb.engine.checkpoint import model_from_checkpoint
 
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
     raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx or .torchscript")

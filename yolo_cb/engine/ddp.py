@@ -123,7 +123,7 @@ def worker(payload_path: str) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     os.chdir(payload["cwd"])
-    from yolo_cb.callbacks.registry import build_trainer_callbacks
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
     from yolo_cb.config import get_config
     from yolo_cb.engine.trainer import Trainer
     from yolo_cb.utils.log import setup_logging
@@ -137,7 +137,7 @@ def worker(payload_path: str) -> int:
         logging.getLogger("yolo_cb").setLevel(logging.WARNING)
     trainer = Trainer(args, callbacks=build_trainer_callbacks(args, payload["callbacks"]), model=payload["model"])
     if payload["resume"]:
-        from yolo_cb.utils.checkpoint import load_checkpoint
+        from yolo_cb.engine.checkpoint import load_checkpoint
 
         trainer.resume_ckpt = load_checkpoint(payload["resume"])  # the trainer finds (and verifies) its run folder
     try:

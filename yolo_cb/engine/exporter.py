@@ -22,10 +22,10 @@ from torch import nn
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
+from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.engine.backend import TORCHSCRIPT_META, max_stride
 from yolo_cb.utils.log import LOGGER
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 EXPORT_DEFAULTS = {"mode": "export", "batch": 1}  # an export is for batch 1 unless batch= is given explicitly
 
 
@@ -34,12 +34,9 @@ class ExportError(RuntimeError):
 
 
 def _version() -> str:
-    try:
-        from yolo_cb import __version__
+    from yolo_cb import __version__
 
-        return str(__version__)
-    except ImportError:
-        return "0"
+    return str(__version__)
 
 
 class ExportWrapper(nn.Module):
@@ -231,14 +228,14 @@ def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
 
 def _first_image(candidate: Path) -> Path | None:
     if candidate.is_dir():
-        return next((p for p in sorted(candidate.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES), None)
-    if candidate.is_file() and candidate.suffix.lower() in IMAGE_SUFFIXES:
+        return next((p for p in sorted(candidate.rglob("*")) if p.suffix.lower() in IMG_SUFFIXES), None)
+    if candidate.is_file() and candidate.suffix.lower() in IMG_SUFFIXES:
         return candidate
     if candidate.is_file() and candidate.suffix.lower() == ".txt":
         for line in candidate.read_text().splitlines()[:100]:
             path = Path(line.strip())
             path = path if path.is_absolute() else candidate.parent / path
-            if line.strip() and path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+            if line.strip() and path.is_file() and path.suffix.lower() in IMG_SUFFIXES:
                 return path
     return None
 
@@ -264,7 +261,7 @@ class Exporter:
     # --- steps ------------------------------------------------------------------------------
     def _load(self, model: Any) -> tuple[nn.Module, Path | None, dict]:
         """(fused eval copy on the export device, weights path or None, train_args)."""
-        from yolo_cb.utils.checkpoint import load_checkpoint, model_from_checkpoint
+        from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
 
         model = model if model is not None else self.args.model
         if model is None:
@@ -300,7 +297,7 @@ class Exporter:
     def _imgsz(self) -> tuple[int, int]:
         size = self.args.imgsz
         h, w = (size, size) if isinstance(size, int) else tuple(size)
-        stride = 32
+        stride = max_stride(self.model)
         if h % stride or w % stride:
             raise ValueError(f"imgsz {size} must be a multiple of the model's stride {stride}")
         return int(h), int(w)

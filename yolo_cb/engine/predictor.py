@@ -21,13 +21,13 @@ import torch
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.transforms import letterbox
-from yolo_cb.data.verify import imread
+from yolo_cb.data.verify import IMG_SUFFIXES, imread
 from yolo_cb.engine.backend import Backend, load_backend
 from yolo_cb.engine.results import Results
 from yolo_cb.utils.log import LOGGER
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".dng", ".pfm")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpeg", ".mpg", ".wmv", ".webm", ".gif")
+MEDIA_SUFFIXES = IMG_SUFFIXES | set(VIDEO_SUFFIXES)  # what a folder or glob source yields
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
 
 
@@ -56,9 +56,9 @@ def _expand(source: Any) -> list[Any]:
         matches = sorted(glob.glob(text, recursive=True))
         if not matches:
             raise FileNotFoundError(f"source glob '{text}' matched no files")
-        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in MEDIA_SUFFIXES]
     if path.is_dir():
-        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
     if path.is_file() and path.suffix.lower() == ".txt":
         items = []
         for line in path.read_text().splitlines():
@@ -235,7 +235,7 @@ class Predictor:
         plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels))
         if r.frame is None:
             suffix = Path(r.path).suffix.lower()
-            name = Path(r.path).name if suffix in IMAGE_SUFFIXES else f"{stem}.jpg"
+            name = Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg"
             if not cv2.imwrite(str(self.save_dir / name), plotted):
                 LOGGER.warning(f"could not write {self.save_dir / name}")
             return

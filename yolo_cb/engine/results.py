@@ -8,16 +8,6 @@ from typing import Any
 import numpy as np
 import torch
 
-# Ultralytics' palette (hex), so plots look familiar; class i gets colour i % 20.
-_PALETTE_HEX = ("FF3838", "FF9D97", "FF701F", "FFB21D", "CFD231", "48F90A", "92CC17", "3DDB86", "1A9334", "00D4BB",
-                "2C99A8", "00C2FF", "344593", "6473FF", "0018EC", "8438FF", "520085", "CB38FF", "FF95C8", "FF37C7")
-PALETTE_BGR = tuple((int(h[4:6], 16), int(h[2:4], 16), int(h[0:2], 16)) for h in _PALETTE_HEX)
-
-
-def class_color(cls: int) -> tuple[int, int, int]:
-    """The BGR colour of class `cls`."""
-    return PALETTE_BGR[int(cls) % len(PALETTE_BGR)]
-
 
 class Boxes:
     """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels."""
@@ -108,26 +98,10 @@ class Results:
 
     def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None) -> np.ndarray:
         """A copy of the original image (BGR) with each box, its class name and score drawn in the class colour."""
-        import cv2
+        from yolo_cb.utils.draw import draw_detections
 
         canvas = np.ascontiguousarray((img if img is not None else self.orig_img).copy())
-        lw = line_width or max(round(sum(canvas.shape[:2]) / 2 * 0.003), 2)
-        font_scale = lw / 3
-        thickness = max(lw - 1, 1)
-        for x1, y1, x2, y2, score, cls in self.boxes.data.cpu().tolist():
-            color = class_color(int(cls))
-            p1, p2 = (int(round(x1)), int(round(y1))), (int(round(x2)), int(round(y2)))
-            cv2.rectangle(canvas, p1, p2, color, lw, cv2.LINE_AA)
-            if not labels:
-                continue
-            label = self.names.get(int(cls), str(int(cls))) + (f" {score:.2f}" if conf else "")
-            (tw, th), base = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, thickness)
-            outside = p1[1] - th - base - 3 >= 0  # label above the box if it fits, else inside
-            top = p1[1] - th - base - 3 if outside else p1[1]
-            cv2.rectangle(canvas, (p1[0], top), (p1[0] + tw + 2, top + th + base + 3), color, -1, cv2.LINE_AA)
-            text_color = (0, 0, 0) if sum(color) > 382 else (255, 255, 255)
-            cv2.putText(canvas, label, (p1[0] + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_color, thickness, cv2.LINE_AA)
-        return canvas
+        return draw_detections(canvas, self.boxes.data.cpu().tolist(), self.names, line_width, labels, conf)
 
     def save(self, filename: str | Path, **plot_kwargs) -> str:
         """Write plot() to `filename`; returns the path."""

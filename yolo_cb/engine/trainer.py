@@ -23,10 +23,7 @@ import torch
 
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config, save_config
-from yolo_cb.engine.ema import ModelEMA, unwrap
-from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
-from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.checkpoint import (
+from yolo_cb.engine.checkpoint import (
     check_same_dataset,
     checkpoint_epoch,
     dataset_fingerprint,
@@ -36,10 +33,15 @@ from yolo_cb.utils.checkpoint import (
     set_rng_states,
     strip_optimizer,
 )
+from yolo_cb.engine.ema import ModelEMA, unwrap
+from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
+from yolo_cb.engine.stop import StopCause
+from yolo_cb.paths import DEFAULT_MODEL
+from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.process_state import CUBLAS_ENV, restore_process_state, save_process_state
 
-LOSS_NAMES = ("iou_loss", "obj_loss", "cls_loss", "l1_loss")
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 STALE_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")  # atomic writes' temp files (.last.pt.<random>.tmp) a kill left behind
@@ -54,12 +56,13 @@ class Trainer:
 
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
     fitness, best_fitness, model, ema, optimizer, criterion, train_loader, test_loader, save_dir, args,
-    stop, stop_reason, exception, data, device, rank, world_size.
+    stop, stop_cause (a StopCause), stop_reason (its message), exception, data, device, rank, world_size.
+    A callback ends the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`).
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
         self.args = args
-        self.model_source = model if model is not None else (args.model or "yolox-nano.yaml")
+        self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
         if args.model is None and isinstance(model, (str, Path)):
             args.model = str(model)  # args.yaml and checkpoints record the model really used, never null
         self.callbacks = callbacks if callbacks is not None else Callbacks()
@@ -71,13 +74,14 @@ class Trainer:
         self.loss = None
         self.loss_items = None
         self.tloss = None
-        self.loss_names = LOSS_NAMES
+        self.loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
         self.metrics: dict[str, float] = {}
         self.fitness: float | None = None
         self.best_fitness: float | None = None
         self.improved = False
         self.lr: dict[str, float] = {}
         self.stop = False
+        self.stop_cause: StopCause | None = None
         self.stop_reason = ""
         self.exception: BaseException | None = None
         self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
@@ -116,6 +120,11 @@ class Trainer:
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
 
+    def request_stop(self, cause: StopCause, reason: str) -> None:
+        """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
+        if not self.stop or self.stop_cause is None:
+            self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
+
     def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
         if items is None:
             return {f"{prefix}/{name}": 0.0 for name in self.loss_names}
@@ -125,6 +134,7 @@ class Trainer:
     def train(self) -> dict:
         """Run the whole training; teardown always fires; errors re-raise after last.pt and on_exception."""
         previous_handlers = self._install_signal_handlers()
+        previous_state = save_process_state(LOGGER)
         try:
             self._setup()
             self.run_callbacks("on_train_start")
@@ -161,6 +171,7 @@ class Trainer:
             self._restore_signal_handlers(previous_handlers)
             self.run_callbacks("teardown")
             self._teardown_distributed(clean_exit=self.exception is None)
+            restore_process_state(previous_state, LOGGER)
 
     # --- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -304,7 +315,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            os.environ.setdefault(CUBLAS_ENV, ":4096:8")
 
     def _build_model(self) -> None:
         from yolo_cb.nn import build_model
@@ -415,7 +426,7 @@ class Trainer:
             self._train_batch()
             self.run_callbacks("on_train_batch_end")
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
-                self.stop, self.stop_reason = True, f"time limit of {self.args.time} h reached"
+                self.request_stop(StopCause.TIME_LIMIT, f"time limit of {self.args.time} h reached")
             if self._agree_to_stop():
                 break
         self.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
@@ -453,10 +464,13 @@ class Trainer:
         stop, signum = distributed.max_over_ranks([self.stop, self._signal or 0], self._flag_device)
         if signum and self._signal is None:
             self._signal = signum
+            self.stop_cause = self.stop_cause or StopCause.SIGNAL
             self.stop_reason = self.stop_reason or f"{signal.Signals(signum).name} received on another rank"
         if stop and not self.stop:
             self.stop = True
             self.stop_reason = self.stop_reason or "trainer.stop was set on another rank"
+        if stop and self.stop_cause is None:
+            self.stop_cause = StopCause.CALLBACK
         return bool(stop)
 
     def _skip_nonfinite(self) -> None:
@@ -577,13 +591,13 @@ class Trainer:
 
     def _validate_best(self) -> None:
         best, last = self.wdir / "best.pt", self.wdir / "last.pt"
-        finished = self.completed_epoch + 1 >= self.epochs or self.stop_reason.startswith("early stopping")
+        finished = self.completed_epoch + 1 >= self.epochs or (self.stop_cause is not None and self.stop_cause.finishes_run)
         if finished:
             for path in (last, best):
                 if path.is_file():
                     strip_optimizer(path, finished=True)
         if best.is_file() and self.args.val:
-            from yolo_cb.utils.checkpoint import model_from_checkpoint
+            from yolo_cb.engine.checkpoint import model_from_checkpoint
 
             LOGGER.info(f"validating {best}")
             self.validator.plot = True
@@ -631,8 +645,8 @@ class Trainer:
         def handler(signum, frame):
             if self._signal is not None:  # a second signal: stop now
                 raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[signum])
-            self._signal, self.stop = signum, True
-            self.stop_reason = f"{signal.Signals(signum).name} received"
+            self._signal = signum
+            self.request_stop(StopCause.SIGNAL, f"{signal.Signals(signum).name} received")
             LOGGER.warning(f"{signal.Signals(signum).name} received: stopping at the end of this batch and saving last.pt (again to abort now)")
 
         for sig in SIGNAL_EXIT:

@@ -25,7 +25,6 @@ from yolo_cb.utils.files import atomic_write_text, run_dir
 from yolo_cb.utils.log import LOGGER
 
 VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR curve reaches high recall)
-LOSS_KEYS = ("iou", "obj", "cls", "l1")  # loss-dict entries reported as val/<key>_loss in trainer mode
 SCORE_DECIMALS = 5  # scores are rounded like in predictions.json, so COCOeval on the json sees the same ranking
 
 
@@ -192,7 +191,7 @@ class Validator:
         self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
         self.confusion_matrix = ConfusionMatrix(self.nc)
         self.det_metrics = DetMetrics(self.nc, self.names)
-        loss_sums = dict.fromkeys(getattr(getattr(model, "criterion", None), "loss_names", LOSS_KEYS), 0.0)
+        loss_sums = dict.fromkeys(getattr(getattr(model, "criterion", None), "loss_names", ()), 0.0)  # val/<name>_loss in trainer mode
         times = dict.fromkeys(("preprocess", "inference", "postprocess"), 0.0)
         n_batches = 0
         self.run_callbacks("on_val_start")

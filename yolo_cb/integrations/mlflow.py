@@ -19,7 +19,6 @@ MLflow off for the rest of the run; training goes on.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import re
@@ -29,7 +28,7 @@ import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
-from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.log import LOGGER
 
 # Applied only around our own MLflow calls, and only when the user has not set them: fail in seconds, not minutes.
@@ -107,13 +106,11 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:300]}" if not isinstance(error, MLflowUnavailable) else text
 
 
-@register_callback("mlflow")
+@integration("mlflow", enabled=lambda args: bool(args.mlflow), requires={"mlflow": "pip install mlflow"})
 class MLflow:
     """Logs a training to MLflow (main process only); see the module docstring."""
 
     def __init__(self):
-        if importlib.util.find_spec("mlflow") is None:
-            raise ImportError("MLflow logging needs the mlflow package: pip install mlflow")
         self.client = None
         self.run_id: str | None = None
         self.tracking_uri: str | None = None

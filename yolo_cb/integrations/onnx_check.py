@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.log import LOGGER
 
 
@@ -102,7 +102,9 @@ def _flatten(output) -> list:
     return [output]
 
 
-@register_callback("onnx_check")
+# a strict check must fail the run; otherwise a failing check switches itself off and training goes on
+@integration("onnx_check", enabled=lambda args: args.onnx_check in (True, "strict"),
+             on_error=lambda args: "raise" if args.onnx_check == "strict" else "disable", requires={"onnxruntime": "pip install onnxruntime"})
 class OnnxCheck:
     """Checks ONNX conversion before training and on best.pt (main process only); see the module docstring."""
 
@@ -124,7 +126,7 @@ class OnnxCheck:
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
         if not trainer.is_main or best is None or not best.is_file():
             return
-        from yolo_cb.utils.checkpoint import model_from_checkpoint
+        from yolo_cb.engine.checkpoint import model_from_checkpoint
 
         if self.image is None:
             self.image = self._image(trainer)

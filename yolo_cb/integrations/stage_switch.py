@@ -15,7 +15,7 @@ stored in checkpoints for the log line and idempotence. See docs/integrations.md
 
 from __future__ import annotations
 
-from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.log import LOGGER
 
 
@@ -27,7 +27,8 @@ def switch_epoch(args, epochs: int) -> int | None:
     return max(int(epochs) - n, 0) if n > 0 else None
 
 
-@register_callback("stage_switch")
+# it changes the training recipe: a failure must stop the run, not let it silently train another recipe
+@integration("stage_switch", enabled=lambda args: switch_epoch(args, args.epochs) is not None, on_error="raise")
 class StageSwitch:
     """Applies the YOLOX no-augmentation stage; see the module docstring. Runs on every rank (each has its loader)."""
 

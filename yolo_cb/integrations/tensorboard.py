@@ -11,22 +11,19 @@ visualisation JPEGs (plots=True) as they appear, tag = file name without the epo
 from __future__ import annotations
 
 import copy
-import importlib.util
 import warnings
 
-from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.log import LOGGER
 
 GRAPH_IMGSZ = 64  # side of the zero image the graph is traced with (any multiple of 32 gives the same graph)
 
 
-@register_callback("tensorboard")
+@integration("tensorboard", enabled=lambda args: bool(args.tensorboard), requires={"tensorboard": "pip install tensorboard"})
 class TensorBoard:
     """Writes TensorBoard event files into trainer.save_dir (main process only)."""
 
     def __init__(self):
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("TensorBoard logging needs the tensorboard package: pip install tensorboard")
         self.writer = None
         self.validated = False
         self.images = None

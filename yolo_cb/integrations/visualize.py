@@ -15,7 +15,7 @@ import re
 import time
 from pathlib import Path
 
-from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.log import LOGGER
 
 TRAIN_BATCHES = 3  # how many training batches are drawn
@@ -23,7 +23,7 @@ PRED_CONF = 0.25  # predictions below this score are not drawn
 IMAGE_PATTERNS = ("train_batch*.jpg", "val_batch*.jpg")  # the files this module writes
 
 
-@register_callback("visualize")
+@integration("visualize", enabled=lambda args: bool(args.plots))
 class Visualize:
     """Draws batches into the run dir (main process only); see the module docstring."""
 

@@ -1,7 +1,6 @@
-"""Batch drawings for the visualisation callback: a grid of batch images with their boxes.
-
-Box and label drawing itself is `Results.plot()` (the predictor's), so saved predictions and
-training plots look the same: class colours from one palette, names, scores for predictions.
+"""Drawing boxes: one image's detections (what `Results.plot()` draws) and a grid of batch images for the
+visualisation callback, so saved predictions and training plots look the same: class colours from one palette,
+names, scores for predictions.
 """
 
 from __future__ import annotations
@@ -18,6 +17,41 @@ MAX_CANVAS = 1920  # the grid's longest side is at most this many pixels
 MIN_TILE = 320  # small images are enlarged to about this size so names and scores stay readable
 JPEG_QUALITY = 90
 
+# Ultralytics' palette (hex), so plots look familiar; class i gets colour i % 20.
+_PALETTE_HEX = ("FF3838", "FF9D97", "FF701F", "FFB21D", "CFD231", "48F90A", "92CC17", "3DDB86", "1A9334", "00D4BB",
+                "2C99A8", "00C2FF", "344593", "6473FF", "0018EC", "8438FF", "520085", "CB38FF", "FF95C8", "FF37C7")
+PALETTE_BGR = tuple((int(h[4:6], 16), int(h[2:4], 16), int(h[0:2], 16)) for h in _PALETTE_HEX)
+
+
+def class_color(cls: int) -> tuple[int, int, int]:
+    """The BGR colour of class `cls`."""
+    return PALETTE_BGR[int(cls) % len(PALETTE_BGR)]
+
+
+def draw_detections(canvas: np.ndarray, rows: Sequence[Sequence[float]], names: dict[int, str], line_width: int | None = None,
+                    labels: bool = True, conf: bool = True) -> np.ndarray:
+    """Draw `rows` [x1, y1, x2, y2, score, cls] (pixels) onto BGR `canvas` in place: each box, its class name and
+    score in the class colour; returns the canvas."""
+    import cv2
+
+    lw = line_width or max(round(sum(canvas.shape[:2]) / 2 * 0.003), 2)
+    font_scale = lw / 3
+    thickness = max(lw - 1, 1)
+    for x1, y1, x2, y2, score, cls in rows:
+        color = class_color(int(cls))
+        p1, p2 = (int(round(x1)), int(round(y1))), (int(round(x2)), int(round(y2)))
+        cv2.rectangle(canvas, p1, p2, color, lw, cv2.LINE_AA)
+        if not labels:
+            continue
+        label = names.get(int(cls), str(int(cls))) + (f" {score:.2f}" if conf else "")
+        (tw, th), base = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, thickness)
+        outside = p1[1] - th - base - 3 >= 0  # label above the box if it fits, else inside
+        top = p1[1] - th - base - 3 if outside else p1[1]
+        cv2.rectangle(canvas, (p1[0], top), (p1[0] + tw + 2, top + th + base + 3), color, -1, cv2.LINE_AA)
+        text_color = (0, 0, 0) if sum(color) > 382 else (255, 255, 255)
+        cv2.putText(canvas, label, (p1[0] + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_color, thickness, cv2.LINE_AA)
+    return canvas
+
 
 def tile_scale(image_hw: tuple[int, int], n: int) -> float:
     """The enlargement factor of each tile: tiles of about MIN_TILE px, the whole grid at most MAX_CANVAS px."""
@@ -28,11 +62,9 @@ def tile_scale(image_hw: tuple[int, int], n: int) -> float:
 
 def draw_boxes(img: np.ndarray, boxes: np.ndarray | torch.Tensor, names: dict[int, str], scores: bool = False,
                line_width: int | None = None) -> np.ndarray:
-    """A copy of BGR `img` with `boxes` (n, 6) [x1, y1, x2, y2, score, cls] (pixels of img) drawn by Results.plot()."""
-    from yolo_cb.engine.results import Results
-
-    data = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 6)
-    return Results(img, path="", names=names, boxes=data).plot(line_width=line_width, labels=True, conf=scores)
+    """A copy of BGR `img` with `boxes` (n, 6) [x1, y1, x2, y2, score, cls] (pixels of img) drawn."""
+    rows = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 6).tolist()
+    return draw_detections(np.ascontiguousarray(img.copy()), rows, names, line_width, labels=True, conf=scores)
 
 
 def plot_batch(images: torch.Tensor, boxes: Sequence[np.ndarray | torch.Tensor], names: dict[int, str], path: str | Path | None = None,

@@ -16,13 +16,3 @@ def setup_logging(verbose: bool = False) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler._yolo_cb = True
         LOGGER.addHandler(handler)
-
-
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    """Log a warning the first time this exact message is seen in this process."""
-    if message not in _warned:
-        _warned.add(message)
-        LOGGER.warning(message)

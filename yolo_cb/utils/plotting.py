@@ -101,18 +101,3 @@ def plot_mc_curve(px: np.ndarray, py: np.ndarray, names: Sequence[str], save_pat
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title(f"{ylabel}-{xlabel} Curve")
     return _save(fig, save_path)
-
-
-def plot_per_class_ap(names: Sequence[str], map50: Sequence[float], map50_95: Sequence[float], save_path: Path) -> Path:
-    """Horizontal bars of mAP50 and mAP50-95 per class."""
-    fig = _figure((9, max(3.0, 0.25 * len(names) + 1.5)))
-    ax = fig.add_subplot(111)
-    y = np.arange(len(names))
-    ax.barh(y - 0.2, map50, height=0.4, label="mAP50")
-    ax.barh(y + 0.2, map50_95, height=0.4, label="mAP50-95")
-    ax.set_yticks(y, [str(n) for n in names], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("Per-class AP")
-    return _save(fig, save_path)

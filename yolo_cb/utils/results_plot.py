@@ -8,10 +8,8 @@ from pathlib import Path
 
 def plot_results(csv_path: Path) -> Path | None:
     """Draw results.png beside results.csv; returns its path (None when there is nothing to draw)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     csv_path = Path(csv_path)
     if not csv_path.is_file():
@@ -24,7 +22,9 @@ def plot_results(csv_path: Path) -> Path | None:
     epochs = [float(r["epoch"]) for r in rows]
     cols = 5
     lines = max(1, -(-len(columns) // cols))
-    fig, axes = plt.subplots(lines, cols, figsize=(3 * cols, 2.4 * lines), squeeze=False)
+    fig = Figure(figsize=(3 * cols, 2.4 * lines))  # no pyplot: the process's matplotlib backend stays the user's
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(lines, cols, squeeze=False)
     for ax, column in zip(axes.flat, columns, strict=False):
         values = [float(r[column]) if r.get(column) not in (None, "") else float("nan") for r in rows]
         ax.plot(epochs, values, marker=".", linewidth=1.5)
@@ -35,5 +35,4 @@ def plot_results(csv_path: Path) -> Path | None:
     fig.tight_layout()
     out = csv_path.with_name("results.png")
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out

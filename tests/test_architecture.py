@@ -1,0 +1,144 @@
+"""The import graph of yolo_cb, drawn from the source: no cycle, and the layers point one way (utils at the bottom).
+
+Every `import yolo_cb...` counts, also one inside a function: a lazy import hides a cycle from Python, not from the
+next engineer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
+# what each lower layer may import from yolo_cb; everything above these is free to import downwards
+LAYERS = {
+    "yolo_cb.utils": ("yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),
+    "yolo_cb.errors": (),
+    "yolo_cb.paths": (),
+    "yolo_cb.callbacks.events": (),
+    "yolo_cb.callbacks.engine": ("yolo_cb.callbacks.events", "yolo_cb.utils"),
+    "yolo_cb.callbacks.registry": ("yolo_cb.callbacks.engine",),
+    "yolo_cb.nn": ("yolo_cb.nn", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The yolo_cb modules `path` imports (`from pkg import mod` counts as importing pkg.mod)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    return {module_name(f): imports_of(f, modules) for f in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def layer_of(module: str) -> str | None:
+    matches = [layer for layer in LAYERS if module == layer or module.startswith(layer + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    # a package's __init__ importing its own submodules is not a cycle of design; ignore those arrows
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    assert len(graph) > 40
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_lower_layers_import_nothing_above_them():
+    upward = []
+    for module, deps in import_graph().items():
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        allowed = LAYERS[layer]
+        # the package root holds only __version__ and a lazy YOLO: importing it imports nothing else
+        upward += [f"{module} -> {dep}" for dep in sorted(deps)
+                   if dep != "yolo_cb" and not any(dep == a or dep.startswith(a + ".") for a in allowed)]
+    assert not upward, "imports from a lower layer upwards:\n" + "\n".join(upward)
+
+
+def test_the_checker_sees_a_planted_cycle_and_an_upward_arrow():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert layer_of("yolo_cb.utils.draw") == "yolo_cb.utils" and layer_of("yolo_cb.callbacks.registry") == "yolo_cb.callbacks.registry"
+
+
+def test_the_callbacks_package_names_no_integration():
+    """An integration is one file: the callbacks package (and the trainer) never mention one by name."""
+    integrations = {p.stem for p in (PACKAGE / "integrations").glob("*.py") if p.stem != "__init__"}
+    assert {"mlflow", "tensorboard", "wandb"} <= integrations
+    for path in [*(PACKAGE / "callbacks").glob("*.py"), PACKAGE / "engine" / "trainer.py"]:
+        source = path.read_text()
+        named = sorted(name for name in integrations if f'"{name}"' in source or f"'{name}'" in source or f"integrations.{name}" in source)
+        assert not named, f"{path.relative_to(PACKAGE.parent)} names the integrations {named}"
+
+
+def settings_read_in_source() -> dict[str, list[str]]:
+    """`<x>.args.NAME` and `args.NAME` attribute reads in yolo_cb -> where they occur."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id == "args") or (isinstance(base, ast.Attribute) and base.attr == "args"):
+                found.setdefault(node.attr, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_setting_our_code_reads_exists():
+    """A misspelt setting in our own code (`args.epoch` for `args.epochs`) fails here, not in a user's run."""
+    import yaml
+
+    from yolo_cb.config import Config
+    from yolo_cb.paths import DEFAULT_CFG
+
+    keys = set(yaml.safe_load(DEFAULT_CFG.read_text()))
+    methods = {name for name in dir(Config) if not name.startswith("__")}
+    reads = settings_read_in_source()
+    assert len(reads) > 40
+    unknown = {name: where for name, where in reads.items() if name not in keys and name not in methods and not name.startswith("_")}
+    assert not unknown, f"settings read in the code but not in cfg/default.yaml: {unknown}"

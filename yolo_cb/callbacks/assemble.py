@@ -1,0 +1,166 @@
+"""Building callbacks: from registered names, CLI strings and YAML lists, and the trainer's whole set.
+
+Accepted declarations (CLI `callbacks=` comma-separated, or a YAML `callbacks:` list):
+  early_stop_at                       a registered name (built with no arguments)
+  {early_stop_at: {target: 0.5}}      a registered name with keyword arguments (YAML)
+  on_fit_epoch_end=mypkg.cbs:fn       an event and an import path to a function fn(obj)
+  {on_fit_epoch_end: mypkg.cbs:fn}    the same, YAML style
+  mypkg.cbs:MyCallback                an import path to a class (instantiated) or an object with on_* methods
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from yolo_cb.callbacks.engine import Callbacks
+from yolo_cb.callbacks.events import EVENTS
+from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY
+from yolo_cb.utils.suggest import did_you_mean
+
+# the package of integrations: every module in it is imported, and registers itself with @integration
+INTEGRATIONS_PACKAGE = "yolo_cb.integrations"
+
+
+def load_builtins() -> None:
+    """Import the built-in callbacks and every integration module, which registers them (idempotent)."""
+    import pkgutil
+
+    importlib.import_module("yolo_cb.callbacks.builtin")
+    package = importlib.import_module(INTEGRATIONS_PACKAGE)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{INTEGRATIONS_PACKAGE}.{module.name}")
+
+
+def registered_names() -> list[str]:
+    load_builtins()
+    return sorted(REGISTRY)
+
+
+def import_object(path: str) -> Any:
+    """'package.module:attr' (or 'package.module.attr') -> the attribute."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"callback '{path}' is neither a registered name nor an import path 'module:attr'.{did_you_mean(path, registered_names())}"
+                         f" Registered: {', '.join(registered_names())}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, registered_names())}") from error
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_registered(name: str, kwargs: dict | None = None) -> Any:
+    load_builtins()
+    if name not in REGISTRY:
+        raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
+    obj = REGISTRY[name](**(kwargs or {}))
+    if getattr(obj, "registry_name", None) != name:
+        try:
+            obj.registry_name = name
+        except AttributeError:
+            pass
+    return obj
+
+
+def parse_specs(value: Any) -> list:
+    """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
+    if value in (None, "", [], False):
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, dict):
+        return [{k: v} for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            items.extend(parse_specs(item) if isinstance(item, str) else [item])
+        return items
+    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {value!r}")
+
+
+def apply_specs(callbacks: Callbacks, value: Any) -> None:
+    """Register every declared callback in `value` on `callbacks` (user group)."""
+    for item in parse_specs(value):
+        if isinstance(item, dict):
+            for key, arg in item.items():
+                if key in EVENTS:
+                    _add_function(callbacks, key, arg)
+                else:
+                    _add_object(callbacks, key, arg if isinstance(arg, dict) else None)
+        elif "=" in item:
+            event, _, path = item.partition("=")
+            _add_function(callbacks, event.strip(), path.strip())
+        else:
+            _add_object(callbacks, item, None)
+
+
+def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
+    if event not in EVENTS:
+        raise ValueError(f"callbacks: unknown event '{event}'.{did_you_mean(event, EVENTS)}")
+    fn = import_object(path) if isinstance(path, str) else path
+    callbacks.add_callback(event, fn)
+
+
+def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
+    load_builtins()
+    if name in REGISTRY:
+        obj = build_registered(name, kwargs)
+    else:
+        if ":" not in name and "." not in name:
+            raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
+        obj = import_object(name)
+        if isinstance(obj, type):
+            obj = obj(**(kwargs or {}))
+    callbacks.add_callbacks(obj, name=getattr(obj, "registry_name", None))
+
+
+def in_dependency_order(names: tuple[str, ...]) -> list[str]:
+    """Registered names ordered so that each comes after those its class names in `runs_after` (otherwise as given)."""
+    pending, ordered = list(names), []
+    while pending:
+        ready = next((n for n in pending if all(d in ordered or d not in pending for d in getattr(REGISTRY[n], "runs_after", ()))), None)
+        if ready is None:
+            raise ValueError(f"callbacks {pending} wait for each other (runs_after forms a cycle)")
+        ordered.append(ready)
+        pending.remove(ready)
+    return ordered
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules[module] is None, the standard way to block an import
+        return False
+
+
+def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
+    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
+    from yolo_cb.callbacks.builtin import DEFAULTS
+    from yolo_cb.utils.log import LOGGER
+
+    load_builtins()
+    callbacks = Callbacks()
+    for name in in_dependency_order(DEFAULTS):
+        callbacks.add_callbacks(build_registered(name), group="default", name=name)
+    for name, spec in INTEGRATIONS.items():
+        if not spec.enabled(args):
+            continue
+        missing = [hint for module, hint in spec.requires.items() if not importable(module)]
+        if missing:
+            LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
+            continue
+        callbacks.add_callbacks(build_registered(name, {}), group="integration", on_error=spec.policy(args), name=name)
+    callbacks.mark_defaults()
+    if user is not None:
+        callbacks.extend(user)
+    apply_specs(callbacks, getattr(args, "callbacks", None))
+    return callbacks
