@@ -15,13 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.callbacks.events import EVENTS
+from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.utils.suggest import did_you_mean
 
 REGISTRY: dict[str, Callable[..., Any]] = {}
 # modules whose import registers the built-in callbacks and integrations
 _BUILTIN_MODULES = (
     "yolo_cb.callbacks.builtin",
+    "yolo_cb.callbacks.lr_schedule",
     "yolo_cb.integrations.mlflow",
     "yolo_cb.integrations.tensorboard",
     "yolo_cb.integrations.onnx_check",
@@ -30,15 +31,19 @@ _BUILTIN_MODULES = (
 )
 
 
-def register_callback(name: str):
-    """Decorator: register a callback class or factory under `name`; it builds an object with on_* methods."""
+def register_callback(name: str | None = None):
+    """Decorator: register a callback class or factory under `name` (default: its own __name__); it builds an object with
+    on_* methods. `@register_callback()`, `@register_callback` and `@register_callback("name")` all work."""
+    if callable(name):  # used bare, without parentheses
+        return register_callback()(name)
 
     def decorate(factory):
-        if name in REGISTRY and REGISTRY[name] is not factory:
-            raise ValueError(f"callback name '{name}' is already registered by {REGISTRY[name]!r}")
-        REGISTRY[name] = factory
+        key = name or factory.__name__
+        if key in REGISTRY and REGISTRY[key] is not factory:
+            raise ValueError(f"callback name '{key}' is already registered by {REGISTRY[key]!r}")
+        REGISTRY[key] = factory
         try:
-            factory.registry_name = name
+            factory.registry_name = key
         except (AttributeError, TypeError):
             pass
         return factory
@@ -128,7 +133,7 @@ def apply_specs(callbacks: Callbacks, value: Any) -> None:
 
 def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
     if event not in EVENTS:
-        raise ValueError(f"callbacks: unknown event '{event}'.{did_you_mean(event, EVENTS)}")
+        raise ValueError(f"callbacks: unknown event '{event}'.{event_hint(event)}")
     fn = import_object(path) if isinstance(path, str) else path
     callbacks.add_callback(event, fn)
 
@@ -137,6 +142,7 @@ def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     load_builtins()
     if name in REGISTRY:
         obj = build_registered(name, kwargs)
+        callbacks.remove(name)  # a declared built-in (with its parameters) replaces the one the settings registered
     else:
         if ":" not in name and "." not in name:
             raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
@@ -152,18 +158,21 @@ INTEGRATIONS = {
     "mlflow": lambda args: bool(args.mlflow),
     "onnx_check": lambda args: args.onnx_check in (True, "strict"),
     "visualize": lambda args: bool(args.plots),
-    "stage_switch": lambda args: bool(args.no_aug_epochs or args.next_stage_start_epoch is not None or args.close_mosaic),
+    "stage_switch": lambda args: bool(args.close_mosaic or args.next_stage_start_epoch is not None),
 }
 
 
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
     """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
     from yolo_cb.callbacks.builtin import DEFAULTS
+    from yolo_cb.callbacks.lr_schedule import schedule_callback
     from yolo_cb.utils.log import LOGGER
 
     callbacks = Callbacks()
     for name in DEFAULTS:
-        callbacks.add_callbacks(build_registered(name), group="default", name=name)
+        obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
+        if obj is not None:  # lr_scheduler=none: no callback owns the LR
+            callbacks.add_callbacks(obj, group="default", name=name)
     for name, enabled in INTEGRATIONS.items():
         if not enabled(args):
             continue
