@@ -250,6 +250,7 @@ def check_callbacks(value: Any) -> None:
             if key in registered_names():
                 if arg is not None and not isinstance(arg, dict):
                     raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {arg!r}")
+                _check_arguments(item, key, arg or {}, bad)
                 continue
             if ":" not in key and "." not in key:
                 raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
@@ -260,6 +261,23 @@ def check_callbacks(value: Any) -> None:
                     event_methods(obj)  # an object must have on_* methods naming events
             except ValueError as error:
                 raise bad(item, str(error)) from None
+
+
+def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
+    """The keyword arguments of a registered callback fit its constructor (named in the error, with what it takes)."""
+    import inspect
+
+    from yolo_cb.callbacks.registry import REGISTRY
+
+    try:
+        signature = inspect.signature(REGISTRY[name])
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as error:
+        takes = ", ".join(p for p in signature.parameters if p != "self") or "no arguments"
+        raise bad(item, f"'{name}' {error} (it takes: {takes})") from None
 
 
 class Config(SimpleNamespace):

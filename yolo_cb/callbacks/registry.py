@@ -103,6 +103,13 @@ def parse_specs(value: Any) -> list:
     """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
     if value in (None, "", [], False):
         return []
+    if isinstance(value, str) and value.strip()[:1] in "[{":  # YAML flow on the CLI: callbacks="[{stage_switch: {close_mosaic: 3}}]"
+        import yaml
+
+        try:
+            return parse_specs(yaml.safe_load(value))
+        except yaml.YAMLError as error:
+            raise ValueError(f"callbacks {value!r} is not valid YAML ({error})") from None
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     if isinstance(value, dict):
