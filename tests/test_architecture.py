@@ -15,9 +15,9 @@ LAYERS = {
     "yolo_cb.utils": ("yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),
     "yolo_cb.errors": (),
     "yolo_cb.paths": (),
-    "yolo_cb.callbacks.events": (),
+    "yolo_cb.callbacks.events": ("yolo_cb.utils",),
     "yolo_cb.callbacks.engine": ("yolo_cb.callbacks.events", "yolo_cb.utils"),
-    "yolo_cb.callbacks.registry": ("yolo_cb.callbacks.engine",),
+    "yolo_cb.callbacks.registry": ("yolo_cb.callbacks.engine", "yolo_cb.utils"),
     "yolo_cb.nn": ("yolo_cb.nn", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),
 }
 

@@ -62,12 +62,20 @@ class Recorder:
 
 
 def test_switch_epoch_convention():
-    args = SimpleNamespace(next_stage_start_epoch=None, no_aug_epochs=15, close_mosaic=0)
-    assert switch_epoch(args, 100) == 85  # YOLOX: the last 15 of epochs 0..99 are 85..99
-    assert switch_epoch(args, 10) == 0  # shorter than no_aug_epochs: the whole run is the no-aug stage
-    assert switch_epoch(SimpleNamespace(next_stage_start_epoch=None, no_aug_epochs=0, close_mosaic=3), 10) == 7  # alias
-    assert switch_epoch(SimpleNamespace(next_stage_start_epoch=4, no_aug_epochs=15, close_mosaic=0), 100) == 4  # override
-    assert switch_epoch(SimpleNamespace(next_stage_start_epoch=None, no_aug_epochs=0, close_mosaic=0), 10) is None
+    from yolo_cb.config import ConfigError, get_config
+
+    default = get_config({})
+    assert default.close_mosaic == default.no_aug_epochs == 15  # the default: YOLOX's 15 last epochs
+    assert switch_epoch(default, 100) == 85  # YOLOX: the last 15 of epochs 0..99 are 85..99
+    assert switch_epoch(default, 10) == 0  # shorter than close_mosaic: the whole run is the no-aug stage
+    assert switch_epoch(get_config({"no_aug_epochs": 3}), 10) == 7  # YOLOX's name for the same setting
+    assert switch_epoch(get_config({"close_mosaic": 3}), 10) == 7
+    assert get_config({"close_mosaic": 3}).no_aug_epochs == 3 and get_config({"no_aug_epochs": 4, "close_mosaic": 4}).close_mosaic == 4
+    assert switch_epoch(get_config({"next_stage_start_epoch": 4}), 100) == 4  # override
+    assert switch_epoch(get_config({"close_mosaic": 0}), 10) is None  # Ultralytics: 0 = never close
+    assert switch_epoch(get_config({"no_aug_epochs": 0}), 10) is None
+    with pytest.raises(ConfigError, match="no_aug_epochs.*close_mosaic"):
+        get_config({"close_mosaic": 3, "no_aug_epochs": 5})
 
 
 @pytest.mark.slow

@@ -105,7 +105,7 @@ def run(argv: list[str]) -> object:
     from yolo_cb.model import DEFAULT_MODEL, YOLO
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode == "train" else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
-    call = {"train": model.train, "val": model.val, "predict": model.predict, "export": model.export}[mode]
+    call = {"train": model.train, "val": model.val, "predict": model.predict, "export": model.export}[args.mode]
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     return call(**kwargs)
 

@@ -25,19 +25,20 @@ INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
     "epochs": (1, None), "patience": (0, None), "batch": (1, None), "imgsz": (32, None), "save_period": (-1, None),
     "save_topk": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
     "nbs": (1, None), "no_aug_epochs": (0, None), "max_det": (1, None), "plot_period": (1, None), "opset": (7, None),
-    "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "freeze": (0, None), "line_width": (1, None),
+    "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "line_width": (1, None),
 }
 FRACTIONS = {"lrf", "momentum", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v", "translate", "scale", "flipud", "fliplr",
              "mosaic", "mixup", "iou", "conf", "fraction"}
 POSITIVE_FLOATS = {"lr0", "time", "box", "export_tol", "onnx_check_tol"}
-NONNEG_FLOATS = {"weight_decay", "warmup_epochs", "warmup_bias_lr", "degrees", "shear", "grad_clip"}
+NONNEG_FLOATS = {"weight_decay", "warmup_epochs", "warmup_bias_lr", "degrees", "shear", "grad_clip", "min_delta"}
 ENUMS = {
     "optimizer": ("SGD", "Adam", "AdamW", "auto"), "mode": ("train", "val", "predict", "export"), "task": ("detect",),
     "cache": (False, "ram", "disk"), "format": ("onnx", "torchscript"), "iou_type": ("iou", "giou"),
-    "split": ("train", "val", "test"), "onnx_check": (True, False, "strict"),
+    "split": ("train", "val", "test"), "onnx_check": (True, False, "strict"), "monitor_mode": ("auto", "max", "min"),
 }
 # Keys whose default is empty (None) and that hold free text or structured values.
-FREE = {"model", "data", "cfg", "device", "project", "name", "source", "datasets_dir", "callbacks", "classes"}
+FREE = {"model", "data", "cfg", "device", "project", "name", "source", "datasets_dir", "callbacks", "classes", "freeze", "lr_scheduler",
+        "monitor", "save_epochs"}
 # Keys that are a bool or a path.
 BOOL_OR_PATH = {"resume", "pretrained"}
 
@@ -93,6 +94,12 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in FREE:
         if key == "classes":
             return _coerce_classes(value)
+        if key in ("freeze", "save_epochs", "lr_scheduler"):
+            return _coerce_structured(key, value)
+        if key == "monitor":
+            if not isinstance(value, str) or not value.strip():
+                raise _bad(key, value, "a metric key, e.g. fitness, metrics/mAP50(B) or val/iou_loss")
+            return value.strip()
         if key == "callbacks":
             if value not in (None, "", [], {}, False):
                 check_callbacks(value)
@@ -136,6 +143,65 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _coerce_structured(key: str, value: Any) -> Any:
+    """freeze (N or module names), save_epochs (epoch numbers), lr_scheduler (a name or {name: {parameters}})."""
+    if isinstance(value, str) and value.strip()[:1] in "[{0123456789":
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise _bad(key, value, "valid YAML") from None
+    if key == "freeze":
+        from yolo_cb.engine.freeze import parse_freeze
+
+        return parse_freeze(value)
+    if key == "lr_scheduler":
+        from yolo_cb.callbacks.lr_schedule import resolve
+
+        resolve(value)  # the name and its parameters are checked here; the checks against other settings in get_config
+        return value
+    if value in (None, "", []):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[,\s]+", value) if v]
+    try:
+        epochs = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise _bad(key, value, "a list of epoch numbers (1-based), e.g. save_epochs=[10,50]") from None
+    if any(e < 1 for e in epochs) or any(isinstance(v, bool) for v in value):
+        raise _bad(key, value, "a list of epoch numbers >= 1")
+    return sorted(set(epochs))
+
+
+def resolve_close_mosaic(sources: list[dict], default: int) -> int:
+    """close_mosaic and its YOLOX alias no_aug_epochs: the last source (base, cfg file, overrides) that gives either wins;
+    one source giving both with different values is an error."""
+    value = default
+    for i, source in enumerate(sources):
+        given = {k: coerce(k, source[k], 0) for k in ("close_mosaic", "no_aug_epochs") if source.get(k) is not None}
+        if i == 0 and len(set(given.values())) > 1:  # a checkpoint of an older yolo-cb: close_mosaic counted when no_aug_epochs was 0
+            given = {"close_mosaic": given["no_aug_epochs"] or given["close_mosaic"]}
+        if len(set(given.values())) > 1:
+            raise ConfigError(f"invalid value for 'no_aug_epochs': {given['no_aug_epochs']} while close_mosaic={given['close_mosaic']}; "
+                              f"no_aug_epochs is YOLOX's name for close_mosaic: give one of them (or the same value)")
+        if given:
+            value = next(iter(given.values()))
+    return value
+
+
+def settings_to_resume(saved: dict, given: dict) -> dict:
+    """A checkpoint's settings under the user's: the pair close_mosaic / no_aug_epochs repaired in an older checkpoint (where
+    close_mosaic counted only when no_aug_epochs was 0), and the saved partner of an alias the user gives left out."""
+    saved = dict(saved)
+    if saved.get("close_mosaic") is not None and saved.get("no_aug_epochs") is not None and saved["close_mosaic"] != saved["no_aug_epochs"]:
+        saved["close_mosaic"] = saved["no_aug_epochs"] = saved["no_aug_epochs"] or saved["close_mosaic"]
+    for key, partner in (("close_mosaic", "no_aug_epochs"), ("no_aug_epochs", "close_mosaic")):
+        if key in given and partner not in given:
+            saved.pop(partner, None)
+    return saved
+
+
 def _coerce_classes(value: Any) -> list[int] | None:
     if value is None or value == "":
         return None
@@ -157,9 +223,10 @@ def check_callbacks(value: Any) -> None:
     an unknown event or registered name, a module that does not import, a missing attribute, a non-callable.
 
     Nothing is instantiated here (a class's constructor runs once, when the callbacks are built)."""
-    from yolo_cb.callbacks.assemble import import_object, parse_specs, registered_names
+    from yolo_cb.callbacks.assemble import parse_specs, registered_names
     from yolo_cb.callbacks.engine import event_methods
-    from yolo_cb.callbacks.events import EVENTS
+    from yolo_cb.callbacks.events import EVENTS, event_hint
+    from yolo_cb.callbacks.registry import import_object
 
     def bad(item: Any, reason: str) -> ConfigError:
         return ConfigError(f"invalid value for 'callbacks': item {item!r}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
@@ -181,7 +248,7 @@ def check_callbacks(value: Any) -> None:
                 raise bad(item, "no event or callback name before '='" if is_event else "an empty name")
             if is_event:
                 if key not in EVENTS:
-                    raise bad(item, f"unknown event '{key}'.{did_you_mean(key, EVENTS)}")
+                    raise bad(item, f"unknown event '{key}'.{event_hint(key)}")
                 if isinstance(arg, str):
                     if not arg:
                         raise bad(item, f"no function after '{key}='; write {key}=module:function")
@@ -196,6 +263,7 @@ def check_callbacks(value: Any) -> None:
             if key in registered_names():
                 if arg is not None and not isinstance(arg, dict):
                     raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {arg!r}")
+                _check_arguments(item, key, arg or {}, bad)
                 continue
             if ":" not in key and "." not in key:
                 raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
@@ -206,6 +274,23 @@ def check_callbacks(value: Any) -> None:
                     event_methods(obj)  # an object must have on_* methods naming events
             except ValueError as error:
                 raise bad(item, str(error)) from None
+
+
+def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
+    """The keyword arguments of a registered callback fit its constructor (named in the error, with what it takes)."""
+    import inspect
+
+    from yolo_cb.callbacks.registry import REGISTRY
+
+    try:
+        signature = inspect.signature(REGISTRY[name])
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as error:
+        takes = ", ".join(p for p in signature.parameters if p != "self") or "no arguments"
+        raise bad(item, f"'{name}' {error} (it takes: {takes})") from None
 
 
 class Config(SimpleNamespace):
@@ -244,7 +329,13 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
         merged.update(loaded)
     check_keys(overrides, defaults)
     merged.update(overrides)
-    return Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
+    sources = [base or {}, loaded if cfg_file else {}, overrides]
+    merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
+    config = Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
+    from yolo_cb.callbacks.lr_schedule import resolve
+
+    resolve(config.lr_scheduler, config)  # against cos_lr and warmup_epochs
+    return config
 
 
 def save_config(cfg: Config, path: Path) -> None:

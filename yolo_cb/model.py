@@ -17,12 +17,12 @@ from typing import Any
 
 from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.config import ConfigError, get_config
+from yolo_cb.config import ConfigError, get_config, settings_to_resume
 from yolo_cb.utils.log import setup_logging
 
 # Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
 RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_topk", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
+                  "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
                   "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
 
 
@@ -241,7 +241,8 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     ckpt = load_checkpoint(path)
     path = path.resolve()
     saved = dict(ckpt.get("train_args") or {})
-    requested = get_config({**saved, **{k: v for k, v in overrides.items() if k != "resume"}, "mode": "train"})
+    given = {k: v for k, v in overrides.items() if k != "resume"}
+    requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
     requested.resume = str(path)
     if is_finished(ckpt):
         return requested, ckpt, path

@@ -96,3 +96,19 @@ def signal_in_final_validation(validator):
 def signal_in_train_end(trainer):
     """on_train_end: send $CBPKG_SIGNAL to this process."""
     os.kill(os.getpid(), getattr(signal, os.environ["CBPKG_SIGNAL"]))
+
+
+def half_every_two_epochs(epoch):
+    """An LR schedule function (lr_scheduler=cbpkg:half_every_two_epochs): epoch -> multiplier of lr0."""
+    return 0.5 ** (epoch // 2)
+
+
+class FixedLR:
+    """A callback class that replaces the LR schedule (lr_scheduler=cbpkg:FixedLR): every group at `lr` from the start."""
+
+    def __init__(self, lr=0.0042):
+        self.lr = lr
+
+    def on_pretrain_routine_end(self, trainer):
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = self.lr

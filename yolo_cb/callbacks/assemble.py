@@ -15,8 +15,8 @@ import importlib.util
 from typing import Any
 
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.callbacks.events import EVENTS
-from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY
+from yolo_cb.callbacks.events import EVENTS, event_hint
+from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object
 from yolo_cb.utils.suggest import did_you_mean
 
 # the package of integrations: every module in it is imported, and registers itself with @integration
@@ -28,6 +28,7 @@ def load_builtins() -> None:
     import pkgutil
 
     importlib.import_module("yolo_cb.callbacks.builtin")
+    importlib.import_module("yolo_cb.callbacks.lr_schedule")
     package = importlib.import_module(INTEGRATIONS_PACKAGE)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{INTEGRATIONS_PACKAGE}.{module.name}")
@@ -36,26 +37,6 @@ def load_builtins() -> None:
 def registered_names() -> list[str]:
     load_builtins()
     return sorted(REGISTRY)
-
-
-def import_object(path: str) -> Any:
-    """'package.module:attr' (or 'package.module.attr') -> the attribute."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"callback '{path}' is neither a registered name nor an import path 'module:attr'.{did_you_mean(path, registered_names())}"
-                         f" Registered: {', '.join(registered_names())}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, registered_names())}") from error
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
-        obj = getattr(obj, part)
-    return obj
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
@@ -75,6 +56,13 @@ def parse_specs(value: Any) -> list:
     """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
     if value in (None, "", [], False):
         return []
+    if isinstance(value, str) and value.strip()[:1] in "[{":  # YAML flow on the CLI: callbacks="[{stage_switch: {close_mosaic: 3}}]"
+        import yaml
+
+        try:
+            return parse_specs(yaml.safe_load(value))
+        except yaml.YAMLError as error:
+            raise ValueError(f"callbacks {value!r} is not valid YAML ({error})") from None
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     if isinstance(value, dict):
@@ -105,7 +93,7 @@ def apply_specs(callbacks: Callbacks, value: Any) -> None:
 
 def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
     if event not in EVENTS:
-        raise ValueError(f"callbacks: unknown event '{event}'.{did_you_mean(event, EVENTS)}")
+        raise ValueError(f"callbacks: unknown event '{event}'.{event_hint(event)}")
     fn = import_object(path) if isinstance(path, str) else path
     callbacks.add_callback(event, fn)
 
@@ -114,6 +102,7 @@ def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     load_builtins()
     if name in REGISTRY:
         obj = build_registered(name, kwargs)
+        callbacks.remove(name)  # a declared built-in (with its parameters) replaces the one the settings registered
     else:
         if ":" not in name and "." not in name:
             raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
@@ -145,12 +134,15 @@ def importable(module: str) -> bool:
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
     """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
     from yolo_cb.callbacks.builtin import DEFAULTS
+    from yolo_cb.callbacks.lr_schedule import schedule_callback
     from yolo_cb.utils.log import LOGGER
 
     load_builtins()
     callbacks = Callbacks()
     for name in in_dependency_order(DEFAULTS):
-        callbacks.add_callbacks(build_registered(name), group="default", name=name)
+        obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
+        if obj is not None:  # lr_scheduler=none: no callback owns the LR
+            callbacks.add_callbacks(obj, group="default", name=name)
     for name, spec in INTEGRATIONS.items():
         if not spec.enabled(args):
             continue

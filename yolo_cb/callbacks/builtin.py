@@ -137,13 +137,18 @@ def read_results(path: Path) -> list[dict]:
 
 @register_callback("checkpoint")
 class Checkpoint:
-    """last.pt every epoch, best.pt when fitness improves, epoch{N}.pt every save_period, top-k best_epoch{N}.pt."""
+    """last.pt every epoch, best.pt when the monitored metric improves, epoch{N}.pt every save_period and after each epoch
+    of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt before the first epoch (save_initial)."""
 
     # their on_model_save updates the state (the epoch's results row, the best fitness) that the checkpoint stores
     runs_after = ("results_csv", "early_stopping")
 
     def __init__(self):
-        self.topk: list[tuple[float, int]] = []  # (fitness, epoch) of the kept top-k files
+        self.topk: list[tuple[float, int]] = []  # (monitored value, epoch) of the kept top-k files
+
+    def on_train_start(self, trainer):
+        if trainer.is_main and trainer.args.save and trainer.args.save_initial and trainer.start_epoch == 0:
+            save_checkpoint(trainer.checkpoint_dict(epoch=-1), trainer.wdir / "initial.pt")  # epoch -1: no epoch trained yet
 
     def on_model_save(self, trainer):
         if not trainer.is_main or not trainer.args.save:
@@ -154,17 +159,17 @@ class Checkpoint:
         if trainer.improved:
             save_checkpoint(ckpt, weights / "best.pt")
         period = trainer.args.save_period
-        if period > 0 and (trainer.epoch + 1) % period == 0:
+        if (period > 0 and (trainer.epoch + 1) % period == 0) or trainer.epoch + 1 in (trainer.args.save_epochs or ()):
             save_checkpoint(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
         self._keep_topk(trainer, ckpt)
 
     def _keep_topk(self, trainer, ckpt):
         k = trainer.args.save_topk
-        if k <= 0 or trainer.fitness is None:
+        if k <= 0 or trainer.monitor_value is None or trainer.metrics_epoch != trainer.epoch:
             return
-        self.topk.append((float(trainer.fitness), trainer.epoch + 1))
-        self.topk.sort(key=lambda item: -item[0])
-        if (float(trainer.fitness), trainer.epoch + 1) in self.topk[:k]:
+        self.topk.append((float(trainer.monitor_value), trainer.epoch + 1))
+        self.topk.sort(key=lambda item: trainer.monitor.best_first(item[0]))
+        if (float(trainer.monitor_value), trainer.epoch + 1) in self.topk[:k]:
             save_checkpoint(ckpt, trainer.wdir / f"best_epoch{trainer.epoch + 1}.pt")
         for _, epoch in self.topk[k:]:
             (trainer.wdir / f"best_epoch{epoch}.pt").unlink(missing_ok=True)
@@ -179,24 +184,31 @@ class Checkpoint:
 
 @register_callback("early_stopping")
 class EarlyStopping:
-    """Stop when fitness has not improved for `patience` epochs (0 = off)."""
+    """Stop when the monitored metric (monitor / monitor_mode / min_delta) has not improved for `patience` epochs (0 = off).
 
-    def __init__(self):
-        self.best_fitness = None
+    `patience` given here (`- early_stopping: {patience: 5}`) replaces the setting."""
+
+    def __init__(self, patience: int | None = None):
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
+            raise ValueError(f"early_stopping: patience={patience!r}, expected an integer >= 0")
+        self.patience = patience
+        self.best_fitness = None  # the best monitored value (fitness by default)
         self.best_epoch = 0
 
     def on_model_save(self, trainer):
         # update before the checkpoint callback (registered after this one) stores our state
-        if trainer.fitness is not None and (self.best_fitness is None or trainer.fitness > self.best_fitness):
-            self.best_fitness, self.best_epoch = float(trainer.fitness), trainer.epoch
+        if trainer.monitor_value is not None and trainer.metrics_epoch == trainer.epoch and \
+                trainer.monitor.improved(trainer.monitor_value, self.best_fitness):
+            self.best_fitness, self.best_epoch = float(trainer.monitor_value), trainer.epoch
 
     def on_fit_epoch_end(self, trainer):
-        if trainer.fitness is None:
+        if trainer.monitor_value is None:
             return
         self.on_model_save(trainer)
-        patience = trainer.args.patience
+        patience = trainer.args.patience if self.patience is None else self.patience
         if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
-            trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement in {patience} epochs (best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
+            trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement of {trainer.monitor.key} in {patience} epochs "
+                                                           f"(best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
 
     def state_dict(self):
         return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
@@ -206,4 +218,4 @@ class EarlyStopping:
 
 
 # the default callbacks; their firing order comes from each one's `runs_after` (see assemble.in_dependency_order)
-DEFAULTS = ("progress", "results_csv", "early_stopping", "checkpoint")
+DEFAULTS = ("lr_schedule", "progress", "results_csv", "early_stopping", "checkpoint")

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from yolo_cb.callbacks.events import EVENTS
+from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS, event_hint
 from yolo_cb.utils.log import LOGGER
-from yolo_cb.utils.suggest import did_you_mean
 
 ON_ERROR = ("raise", "warn", "disable")
 # Events fired while an error is already propagating: a callback failing there is logged, the others still run,
@@ -41,7 +40,7 @@ def callback_name(fn: Any) -> str:
 
 def check_event(event: str) -> str:
     if event not in EVENTS:
-        raise ValueError(f"unknown callback event '{event}'.{did_you_mean(event, EVENTS)} Valid events: see `yolo_cb.callbacks.events.EVENTS`")
+        raise ValueError(f"unknown callback event '{event}'.{event_hint(event)} Valid events: see `yolo_cb.callbacks.events.EVENTS`")
     return event
 
 
@@ -100,6 +99,15 @@ class Callbacks:
 
     def clear_callback(self, event: str) -> None:
         self._entries[check_event(event)] = []
+
+    def remove(self, name: str) -> int:
+        """Remove every entry registered under `name` (a registry name); returns how many."""
+        removed = 0
+        for event, entries in self._entries.items():
+            keep = [e for e in entries if getattr(e.owner, "registry_name", None) != name and not e.name.startswith(f"{name}.")]
+            removed += len(entries) - len(keep)
+            self._entries[event] = keep
+        return removed
 
     def mark_defaults(self) -> None:
         """Remember the current registrations as the defaults that reset_callbacks() returns to."""
@@ -224,8 +232,9 @@ def event_methods(obj: Any) -> dict[str, Callable]:
             fn = getattr(obj, attr)
             if callable(fn):
                 found[attr] = fn
-        elif attr.startswith("on_") and callable(getattr(type(obj), attr, None)):
-            raise ValueError(f"{type(obj).__qualname__}.{attr} looks like a callback but names no event.{did_you_mean(attr, EVENTS)}")
+        elif (attr.startswith(("on_", "before_", "after_")) or attr in FOREIGN_EVENTS) and attr != "setup" and \
+                callable(getattr(type(obj), attr, None)):
+            raise ValueError(f"{type(obj).__qualname__}.{attr} looks like a callback but names no event.{event_hint(attr)}")
     if not found:
         raise ValueError(f"{type(obj).__qualname__} has no method named after an event (e.g. on_fit_epoch_end)")
     return found

@@ -1,5 +1,5 @@
 """Names for callbacks: `@register_callback` for a callback class or factory, `@integration` for one that a setting
-switches on. It imports only the engine; the modules that register import it (see callbacks/assemble.py
+switches on. It imports only the engine and utils; the modules that register import it (see callbacks/assemble.py
 for building callbacks from names and the trainer's set).
 
 An integration is one file in yolo_cb/integrations/ that declares everything about itself where it registers:
@@ -12,11 +12,13 @@ plus its setting's line in cfg/default.yaml. Nothing else names it.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from yolo_cb.callbacks.engine import ON_ERROR
+from yolo_cb.utils.suggest import did_you_mean
 
 REGISTRY: dict[str, Callable[..., Any]] = {}
 INTEGRATIONS: dict[str, Integration] = {}
@@ -69,3 +71,24 @@ def integration(name: str, *, enabled: Callable[[Any], bool], on_error: str | Ca
         return factory
 
     return decorate
+
+
+def import_object(path: str) -> Any:
+    """'package.module:attr' (or 'package.module.attr') -> the attribute; ValueError naming what is wrong (with the
+    registered names that look alike, of those registered so far)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"callback '{path}' is neither a registered name nor an import path 'module:attr'.{did_you_mean(path, REGISTRY)}"
+                         f" Registered: {', '.join(sorted(REGISTRY))}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, REGISTRY)}") from error
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj

@@ -351,7 +351,7 @@ class Exporter:
         self.metadata = {
             "description": f"yolo-cb {getattr(module, 'name', 'YOLOX')} detector",
             "author": "yolo-cb",
-            "task": "detect",
+            "task": args.task,
             "version": _version(),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "names": json.dumps({str(k): v for k, v in names.items()}),

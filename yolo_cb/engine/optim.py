@@ -1,8 +1,6 @@
-"""Optimizer with decay / no-decay parameter groups, and the learning-rate schedule."""
+"""Optimizer with decay / no-decay parameter groups (the learning-rate schedule is the lr_schedule callback)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -53,9 +51,3 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
     LOGGER.info(f"optimizer: {name}(lr={lr}, momentum={momentum}) with groups: {len(bias)} biases, {len(decay)} weights (decay {weight_decay:.3g}), {len(norm)} norm weights")
     return optimizer
 
-
-def lr_lambda(epochs: int, lrf: float, cosine: bool):
-    """Epoch -> multiplier of lr0: linear or cosine from 1 to lrf over `epochs`."""
-    if cosine:
-        return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
-    return lambda x: max(1 - x / epochs, 0) * (1.0 - lrf) + lrf

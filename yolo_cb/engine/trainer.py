@@ -34,7 +34,9 @@ from yolo_cb.engine.checkpoint import (
     strip_optimizer,
 )
 from yolo_cb.engine.ema import ModelEMA, unwrap
-from yolo_cb.engine.optim import build_optimizer, lr_lambda, resolve_optimizer
+from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers
+from yolo_cb.engine.monitor import Monitor
+from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
 from yolo_cb.engine.stop import StopCause
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.utils import dist as distributed
@@ -55,9 +57,12 @@ class Trainer:
     """Trains a YOLOX model. `trainer.train()` returns the final metrics dict.
 
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    fitness, best_fitness, model, ema, optimizer, criterion, train_loader, test_loader, save_dir, args,
-    stop, stop_cause (a StopCause), stop_reason (its message), exception, data, device, rank, world_size.
-    A callback ends the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`).
+    State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
+    metrics_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer, criterion, train_loader,
+    test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message), exception, data, device,
+    rank, world_size, frozen, lr_schedule. A callback ends the run with `trainer.request_stop(StopCause.X, message)`
+    (or `trainer.stop = True`). The LR is the lr_schedule callback's (yolo_cb/callbacks/lr_schedule.py): nothing here
+    writes it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -75,9 +80,12 @@ class Trainer:
         self.loss_items = None
         self.tloss = None
         self.loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
-        self.metrics: dict[str, float] = {}
+        self.metrics: dict[str, float] = {}  # the latest validated metrics (NaN placeholders until the first validation)
+        self.metrics_epoch: int | None = None  # the 0-based epoch trainer.metrics belong to (None: nothing validated yet)
         self.fitness: float | None = None
-        self.best_fitness: float | None = None
+        self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
+        self.monitor_value: float | None = None  # the monitored metric's latest validated value
+        self.best_fitness: float | None = None  # the best monitored value so far (fitness by default)
         self.improved = False
         self.lr: dict[str, float] = {}
         self.stop = False
@@ -85,6 +93,7 @@ class Trainer:
         self.stop_reason = ""
         self.exception: BaseException | None = None
         self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
+        self.frozen: list[str] = []  # the modules freeze= froze (their parameters and BatchNorm statistics stay as loaded)
         self.model = self.ema = self.optimizer = self.criterion = None
         self.train_loader = self.test_loader = self.validator = None
         self.data: dict = {}
@@ -150,7 +159,7 @@ class Trainer:
                     LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                     break
                 if epoch + 1 < self.epochs:
-                    self._update_lr(epoch + 1)
+                    self.run_callbacks("on_params_update")  # the LR schedule callback set the next epoch's LR in on_model_save
             self._loop_done = True
             self._final_validation()
             self._agree_to_stop()
@@ -197,11 +206,16 @@ class Trainer:
         self.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
             self._load_resume_state(self.resume_ckpt)
-        self._update_lr(self.start_epoch, fire=False)
         self._wrap_distributed()
         from yolo_cb.engine.validator import Validator
 
         self.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
+        self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
+        if self.metrics_epoch is None and not self.metrics:
+            names = ("precision(B)", "recall(B)", "mAP50(B)", "mAP50-95(B)")
+            keys = [f"metrics/{n}" for n in names] + ["fitness"] + [f"val/{n}" for n in self.loss_names]
+            self.metrics = dict.fromkeys(keys, float("nan"))  # a callback reading a metric before the first validation gets NaN
+            self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
             LOGGER.info("callbacks (event, group, on_error, callback):\n" + self.callbacks.table())
@@ -341,11 +355,14 @@ class Trainer:
         self.model = model.to(self.device)
         if self.args.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
+        self.frozen = freeze_layers(unwrap(self.model), self.args.freeze)  # before the optimizer: frozen tensors get no group
         self.criterion = unwrap(self.model).criterion
         self.loss_names = tuple(f"{name}_loss" for name in self.criterion.loss_names)
         if hasattr(self.criterion, "use_l1"):  # YOLOX losses only; the YOLOX stage switch turns it on
             self.criterion.use_l1 = False
             self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
+        else:
+            refuse_yolox_loss_settings(self.args, type(self.criterion).__name__)
 
     @staticmethod
     def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
@@ -392,7 +409,6 @@ class Trainer:
         name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
         self.optimizer_name, self.momentum = name, momentum
         self.optimizer = build_optimizer(self.model, name, lr, momentum, weight_decay)
-        self.lf = lr_lambda(self.epochs, args.lrf, args.cos_lr)
         self.warmup_iters = max(round(args.warmup_epochs * self.num_batches), 100) if args.warmup_epochs > 0 else -1
         # Adam-family optimizers diverge with SGD's large warmup bias lr: never start the bias above lr
         self.warmup_bias_lr = args.warmup_bias_lr if name == "SGD" else min(args.warmup_bias_lr, lr)
@@ -417,6 +433,7 @@ class Trainer:
     # --- epoch / batch ------------------------------------------------------------------
     def _train_epoch(self) -> None:
         self.model.train()
+        freeze_bn_stats(unwrap(self.model), self.frozen)  # frozen layers' BatchNorm keeps its running statistics
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
         self.train_loader.set_epoch(self.epoch)
         self.tloss = None
@@ -435,7 +452,7 @@ class Trainer:
     def _train_batch(self) -> None:
         self.run_callbacks("on_train_batch_start")
         ni = self.batch_i + self.num_batches * self.epoch
-        self._warmup(ni)
+        self._warmup_accumulate(ni)
         images = self.batch["img"].to(self.device, non_blocking=True).float() / 255
         if self.args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
@@ -484,6 +501,7 @@ class Trainer:
 
     def _optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)
+        self.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
         if self.args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.args.grad_clip)
         self.scaler.step(self.optimizer)
@@ -495,22 +513,11 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
 
-    def _warmup(self, ni: int) -> None:
+    def _warmup_accumulate(self, ni: int) -> None:
+        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the lr_schedule callback's."""
         if ni > self.warmup_iters:
             return
-        xi = [0, self.warmup_iters]
-        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.args.nbs / self.global_batch]).round()))
-        for j, group in enumerate(self.optimizer.param_groups):
-            start = self.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
-            group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * self.lf(self.epoch)]))
-            if "momentum" in group:
-                group["momentum"] = float(np.interp(ni, xi, [self.args.warmup_momentum, self.momentum]))
-
-    def _update_lr(self, epoch: int, fire: bool = True) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * self.lf(epoch)
-        if fire:
-            self.run_callbacks("on_params_update")
+        self.accumulate = max(1, int(np.interp(ni, [0, self.warmup_iters], [1, self.args.nbs / self.global_batch]).round()))
 
     # --- validation and saving ------------------------------------------------------------
     def _should_validate(self) -> bool:
@@ -523,10 +530,11 @@ class Trainer:
         if self._should_validate():
             metrics = self.validator(trainer=self) if self.is_main else None
             metrics = distributed.broadcast_object(metrics)
-            self.metrics = dict(metrics)
+            self.metrics, self.metrics_epoch = dict(metrics), self.epoch
             self.fitness = float(self.metrics.get("fitness", 0.0))
-            if self.best_fitness is None or self.fitness > self.best_fitness:
-                self.best_fitness, self.improved = self.fitness, True
+            self.monitor_value = self.monitor.value(self.metrics)
+            if self.monitor.improved(self.monitor_value, self.best_fitness):
+                self.best_fitness, self.improved = self.monitor_value, True
         elif self.best_fitness is None:
             self.improved = True  # nothing validated yet: best.pt follows last.pt
         if self.improved:
@@ -563,6 +571,8 @@ class Trainer:
             "rng": rng_states(),
             "use_l1": bool(getattr(self.criterion, "use_l1", False)),
             "metrics": {k: float(v) for k, v in self.metrics.items()},
+            "metrics_epoch": self.metrics_epoch,
+            "monitor_value": self.monitor_value,
             "version": __version__,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
@@ -602,7 +612,7 @@ class Trainer:
             LOGGER.info(f"validating {best}")
             self.validator.plot = True
             model = model_from_checkpoint(best).to(self.device)
-            self.metrics = dict(self.validator(model=model))
+            self.metrics, self.metrics_epoch = dict(self.validator(model=model)), self.best_epoch  # best.pt's epoch
             self.validator.plot = False
 
     # --- resume ---------------------------------------------------------------------------
@@ -624,6 +634,7 @@ class Trainer:
         self.best_epoch = ckpt.get("best_epoch")
         self.fitness = ckpt.get("fitness")
         self.metrics = dict(ckpt.get("metrics") or {})
+        self.metrics_epoch, self.monitor_value = ckpt.get("metrics_epoch"), ckpt.get("monitor_value")
         if hasattr(self.criterion, "use_l1"):
             self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
         self.last_opt_step = int(ckpt.get("last_opt_step", self.start_epoch * self.num_batches - 1))
@@ -669,6 +680,18 @@ class Trainer:
         rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
         if rows:
             LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
+
+
+def refuse_yolox_loss_settings(args: Config, loss_name: str) -> None:
+    """box and iou_type set the YOLOX loss; a model with another loss (YOLOCB: CIoU + DFL, fixed gains) refuses other values."""
+    from yolo_cb.config import load_defaults
+    from yolo_cb.errors import ConfigError
+
+    defaults = load_defaults()
+    for key in ("box", "iou_type"):
+        if getattr(args, key) != defaults[key]:
+            raise ConfigError(f"invalid value for '{key}': {getattr(args, key)!r}; it sets the YOLOX loss, and this model trains with "
+                              f"{loss_name} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a yolox-* model")
 
 
 def remove_stale_temp_files(*folders: Path) -> None:

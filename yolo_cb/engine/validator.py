@@ -54,6 +54,7 @@ class Validator:
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.dataloader = dataloader
         self.plot = False  # the trainer sets it for the final validation (plots, json) of best.pt
+        self.trainer = None  # the trainer when validating during training (set by it): validator callbacks reach its state
         self.training = False
         self.device = torch.device("cpu")
         self.model = None
@@ -77,6 +78,11 @@ class Validator:
         self._modes: dict = {}
         self._grad_ctx = torch.inference_mode
 
+    @property
+    def epoch(self) -> int | None:
+        """The 0-based epoch being validated during training (None outside training)."""
+        return None if self.trainer is None else self.trainer.epoch
+
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
 
@@ -85,6 +91,7 @@ class Validator:
         """The EMA (else the training) model, unwrapped from DDP, put in eval; the trainer's loader, data and run dir."""
         model = trainer.ema.ema if getattr(trainer, "ema", None) else trainer.model
         model = model.module if hasattr(model, "module") else model
+        self.trainer = trainer
         self.training = True
         # The live training model is validated under no_grad, not inference_mode: tensors a module caches during an
         # inference-mode forward (e.g. anchor grids) could not be saved for backward in the next training step.

@@ -1,8 +1,11 @@
-"""The YOLOX stage switch (no_aug_epochs=N, next_stage_start_epoch=E, close_mosaic=N): the last epochs train without
+"""The YOLOX stage switch (close_mosaic=N, alias no_aug_epochs=N; next_stage_start_epoch=E): the last epochs train without
 mosaic/mixup/affine, with the L1 box loss on, and validate every epoch.
 
-Switch epoch S (0-based, like trainer.epoch): next_stage_start_epoch when set, else max(epochs - N, 0) with
-N = no_aug_epochs, or close_mosaic when no_aug_epochs is 0. At on_train_epoch_start of every epoch with
+close_mosaic is Ultralytics' name and meaning (0 = never close); no_aug_epochs is YOLOX's name for the same setting (the
+config resolves both to one value and refuses two different ones). Switch epoch S (0-based, like trainer.epoch):
+next_stage_start_epoch when set, else max(epochs - N, 0) with N = close_mosaic, none when N is 0. Declared with parameters
+(`- stage_switch: {next_stage_start_epoch: 5}` or `{close_mosaic: 3}`), those replace the settings' values.
+At on_train_epoch_start of every epoch with
 trainer.epoch >= S — before the epoch's loader iterator exists — the switch is applied once per process:
 
     train_loader.close_mosaic()        # dataset transforms closed; persistent workers restarted so they see it
@@ -23,7 +26,7 @@ def switch_epoch(args, epochs: int) -> int | None:
     """The 0-based epoch at which the no-augmentation stage starts, or None when it never does."""
     if getattr(args, "next_stage_start_epoch", None) is not None:
         return int(args.next_stage_start_epoch)
-    n = int(getattr(args, "no_aug_epochs", 0) or 0) or int(getattr(args, "close_mosaic", 0) or 0)
+    n = int(getattr(args, "close_mosaic", 0) or 0)
     return max(int(epochs) - n, 0) if n > 0 else None
 
 
@@ -32,7 +35,11 @@ def switch_epoch(args, epochs: int) -> int | None:
 class StageSwitch:
     """Applies the YOLOX no-augmentation stage; see the module docstring. Runs on every rank (each has its loader)."""
 
-    def __init__(self):
+    def __init__(self, next_stage_start_epoch: int | None = None, close_mosaic: int | None = None):
+        for key, value in (("next_stage_start_epoch", next_stage_start_epoch), ("close_mosaic", close_mosaic)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"stage_switch: {key}={value!r}, expected an integer >= 0")
+        self.next_stage_start_epoch, self.close_mosaic = next_stage_start_epoch, close_mosaic
         self.switched = False  # the stage has started (in this run or in the run this one resumes)
         self.epoch: int | None = None  # the 0-based epoch at which it started
         self.applied = False  # applied to this process's loader / loss
@@ -47,7 +54,7 @@ class StageSwitch:
     def on_train_epoch_start(self, trainer):
         if self.applied:
             return
-        start = switch_epoch(trainer.args, trainer.epochs)
+        start = switch_epoch(self._settings(trainer.args), trainer.epochs)
         due = start is not None and trainer.epoch >= start
         if not (due or self.switched):
             return
@@ -62,6 +69,15 @@ class StageSwitch:
                 LOGGER.info(f"YOLOX stage switch (from epoch {(self.epoch or 0) + 1}) re-applied on resume at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
             else:
                 LOGGER.info(f"YOLOX stage switch at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
+
+    def _settings(self, args):
+        """The trainer's settings, with this callback's own parameters (when declared with them) in their place."""
+        from types import SimpleNamespace
+
+        if self.next_stage_start_epoch is None and self.close_mosaic is None:
+            return args
+        close = self.close_mosaic if self.close_mosaic is not None else args.close_mosaic
+        return SimpleNamespace(next_stage_start_epoch=self.next_stage_start_epoch, close_mosaic=close)
 
     def apply(self, trainer) -> None:
         trainer.train_loader.close_mosaic()

@@ -1,0 +1,66 @@
+"""docs/callbacks.md: every example of "Coming from SuperGradients, Keras, Lightning and Hugging Face" runs (all in one tiny
+training), and the table of other frameworks' event names is the one the errors use."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from yolo_cb import YOLO
+from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "callbacks.md"
+
+
+def section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", section("Coming from SuperGradients, Keras, Lightning and Hugging Face"), re.S)
+
+
+@pytest.mark.slow
+def test_every_coming_from_example_runs(tiny, tmp_path):
+    blocks = examples()
+    assert len(blocks) >= 8
+    model = YOLO("yolox-nano.yaml")
+    settings, namespaces, registered = {}, [], []
+    for code in blocks:
+        before = {id(e) for e in model.callbacks.entries()}
+        namespace = {"model": model}
+        exec(compile(code, f"{DOC.name} example", "exec"), namespace)  # noqa: S102 - the documented code, as a user runs it
+        settings.update(namespace.get("settings", {}))
+        namespaces.append(namespace)
+        registered += [e for e in model.callbacks.entries() if id(e) not in before]
+    run = {**{k: v for k, v in tiny.items() if k != "no_aug_epochs"}, "epochs": 3, **settings}
+    model.train(**run)
+    assert registered and all(e.calls > 0 and not e.errors for e in registered), [(e.name, e.calls, e.errors) for e in registered]
+    weights = tmp_path / "runs" / "exp" / "weights"
+    assert (weights / "initial.pt").is_file() and (weights / "epoch2.pt").is_file() and len(list(weights.glob("best_epoch*.pt"))) == 2
+    history = next(ns["history"] for ns in namespaces if "history" in ns)
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    grad_norms = next(ns["grad_norms"] for ns in namespaces if "grad_norms" in ns)
+    assert grad_norms and all(g > 0 for g in grad_norms)
+    counter = next(e.owner for e in registered if type(e.owner).__name__ == "ValBatchCounter")
+    assert set(counter.per_epoch) == {0, 1, 2}  # validator.epoch during training (the final validation counts as epoch 2)
+
+
+def test_event_name_table_matches_the_hints():
+    events = section("Events")
+    table = events[events.index("| their name |"):].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3:
+            theirs, ours = [n.strip() for n in cells[0].split("/")], [re.match(r"\w+", n.strip()).group(0) for n in cells[2].split("/")]
+            for i, group in enumerate(theirs):
+                for name in group.split(","):
+                    rows[name.strip()] = ours[min(i, len(ours) - 1)]
+    documented = {k: v for k, v in rows.items() if k in FOREIGN_EVENTS or k not in EVENTS}
+    assert documented == {k: v for k, (v, _) in FOREIGN_EVENTS.items()}
