@@ -58,7 +58,7 @@ class Trainer:
 
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    metrics_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer, criterion, train_loader,
+    metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer, criterion, train_loader,
     test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message), exception, data, device,
     rank, world_size, frozen, lr_schedule. A callback ends the run with `trainer.request_stop(StopCause.X, message)`
     (or `trainer.stop = True`). The LR is the lr_schedule callback's (yolo_cb/callbacks/lr_schedule.py): nothing here
@@ -121,6 +121,11 @@ class Trainer:
     @property
     def is_main(self) -> bool:
         return self.rank in (-1, 0)
+
+    @property
+    def validated_this_epoch(self) -> bool:
+        """Whether trainer.metrics come from this epoch's validation (val_period and val=False skip some epochs)."""
+        return self.metrics_epoch is not None and self.metrics_epoch == self.epoch
 
     @property
     def elapsed(self) -> float:

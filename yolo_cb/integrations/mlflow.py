@@ -116,7 +116,6 @@ class MLflow:
         self.tracking_uri: str | None = None
         self.owns_run = False  # we created (or reopened) the run, so we end it
         self.off = False  # switched off after a failure (one warning)
-        self.validated = False
         self.images = None
         self.uploaded: set[str] = set()
         self.resume_state: dict = {}
@@ -213,12 +212,6 @@ class MLflow:
             self.client.log_batch(self.run_id, params=params[i : i + BATCH])
 
     # --- per epoch ---------------------------------------------------------------------------
-    def on_train_epoch_start(self, trainer):
-        self.validated = False
-
-    def on_val_end(self, validator):
-        self.validated = True
-
     def on_fit_epoch_end(self, trainer):
         if self.run_id is not None:
             self._call(self._log_epoch, trainer)
@@ -227,7 +220,7 @@ class MLflow:
         from mlflow.entities import Metric
 
         values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
-        if self.validated:
+        if trainer.validated_this_epoch:
             values.update(trainer.metrics)
         stamp = int(time.time() * 1000)
         metrics = [Metric(safe_key(k), float(v), stamp, int(trainer.epoch)) for k, v in values.items()]

@@ -25,7 +25,6 @@ class TensorBoard:
 
     def __init__(self):
         self.writer = None
-        self.validated = False
         self.images = None
 
     def on_pretrain_routine_end(self, trainer):
@@ -56,17 +55,12 @@ class TensorBoard:
         except Exception as error:  # a graph is nice to have; never worth a run
             LOGGER.warning(f"WARNING TensorBoard: the model graph could not be traced ({type(error).__name__}: {error}); scalars and images are still logged")
 
-    def on_train_epoch_start(self, trainer):
-        self.validated = False
-
-    def on_val_end(self, validator):
-        self.validated = True
 
     def on_fit_epoch_end(self, trainer):
         if self.writer is None:
             return
         values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
-        if self.validated:
+        if trainer.validated_this_epoch:
             values.update(trainer.metrics)
         for key, value in values.items():
             self.writer.add_scalar(key, float(value), trainer.epoch)

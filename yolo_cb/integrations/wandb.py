@@ -33,7 +33,6 @@ class WandB:
         self.log_every = int(log_every)
         self.run = None
         self.run_id: str | None = None  # restored on resume: the same W&B run continues
-        self.validated = False
         self.images = None
 
     def state_dict(self) -> dict:
@@ -57,11 +56,6 @@ class WandB:
         self.images = ImageTracker()
         LOGGER.info(f"W&B: run {self.run.id} in project '{project}' (files in {save_dir / 'wandb'})")
 
-    def on_train_epoch_start(self, trainer):
-        self.validated = False
-
-    def on_val_end(self, validator):
-        self.validated = True
 
     def on_train_batch_end(self, trainer):
         if self.run is None or trainer.loss_items is None or trainer.batch_i % self.log_every:
@@ -77,7 +71,7 @@ class WandB:
         from yolo_cb.integrations.visualize import image_tag
 
         values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr, "epoch": trainer.epoch}
-        if self.validated:
+        if trainer.validated_this_epoch:
             values.update(trainer.metrics)
         for path in self.images.new_images(trainer.save_dir):
             values[image_tag(path, trainer.epoch)[0]] = wandb.Image(str(path))
