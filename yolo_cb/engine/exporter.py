@@ -1,6 +1,6 @@
 """Export a YOLOX model to ONNX or TorchScript, then verify the written file against PyTorch on a real image.
 
-    Exporter({"format": "onnx", "imgsz": 320})("runs/train/exp/weights/best.pt")   # -> ".../best.onnx"
+    Exporter({"format": "onnx", "imgsz": 320})("runs/detect/train/weights/best.pt")   # -> ".../best.onnx"
 
 The exported graph takes `images` (B, 3, H, W) float RGB in [0, 1] and returns `output0` (B, A, 5 + nc):
 cx, cy, w, h in input pixels, then sigmoided objectness and class scores (see docs/export.md).
