@@ -214,7 +214,7 @@ def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
         elif Path(base).expanduser().is_absolute():
             roots = [Path(base).expanduser()]
         else:
-            roots = [yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]
+            roots = [Path.cwd() / base, yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]  # as check_data
     except Exception:  # an unresolvable dataset only means: use the generated test scene
         return None
     for split in ("val", "train", "test"):
