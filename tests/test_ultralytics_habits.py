@@ -38,9 +38,14 @@ class RecordingTrainer(Trainer):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shapes_small_yaml):
+def trained(tmp_path_factory, shapes_dir):
     """Train once from a fresh working directory, with no project=/name=, registering callbacks Ultralytics' way."""
     work = tmp_path_factory.mktemp("ul_work")
+    for split, n in (("train", 16), ("val", 8)):  # 16 / 8 images of shapes: two batches an epoch
+        files = sorted((shapes_dir / "images" / split).glob("*.jpg"))[:n]
+        (work / f"{split}.txt").write_text("\n".join(map(str, files)) + "\n")
+    data = work / "shapes16.yaml"
+    data.write_text(f"path: {work}\ntrain: train.txt\nval: val.txt\nnames: [circle, rectangle, triangle, cross]\n")
     seen: dict = {"ran": [], "epoch_times": [], "in_model_list": None}
 
     def on_train_start(trainer):
@@ -75,10 +80,10 @@ def trained(tmp_path_factory, shapes_small_yaml):
     old = Path.cwd()
     os.chdir(work)
     try:
-        metrics = model.train(data=str(shapes_small_yaml), trainer=RecordingTrainer, **QUICK)
+        metrics = model.train(data=str(data), trainer=RecordingTrainer, **QUICK)
     finally:
         os.chdir(old)
-    return {"model": model, "metrics": metrics, "seen": seen, "work": work, "data": shapes_small_yaml}
+    return {"model": model, "metrics": metrics, "seen": seen, "work": work, "data": data}
 
 
 # --- callbacks: Ultralytics' dict of lists ------------------------------------------------------------------
