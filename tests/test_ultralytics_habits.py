@@ -134,7 +134,14 @@ def test_trainer_attributes_integrations_read(trained):
     assert seen["batch_size"] == QUICK["batch"]
     assert isinstance(seen["data_train"], str) and seen["data_train"].endswith("train.txt")
     assert len(seen["epoch_times"]) == QUICK["epochs"] and all(isinstance(t, float) and t > 0 for t in seen["epoch_times"])
-    assert isinstance(seen["plots"], dict)
+    assert seen["plots"] == {}  # plots=False: no image in the run folder
+    trainer = Trainer(model.trainer.args)
+    trainer.save_dir = trained["work"] / "plots_probe"
+    trainer.save_dir.mkdir()
+    for name in ("results.png", "train_batch0.jpg", "results.csv"):
+        (trainer.save_dir / name).write_bytes(b"x")
+    assert sorted(p.name for p in trainer.plots) == ["results.png", "train_batch0.jpg"]
+    assert all(set(v) == {"data", "timestamp"} for v in trainer.plots.values())
     kind, box_map, dict_map, results = seen["validator_metrics"]
     assert kind is DetectionMetrics and box_map == dict_map and set(results) >= {"metrics/mAP50(B)", "fitness"}
 
