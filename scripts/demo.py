@@ -12,6 +12,7 @@ from pathlib import Path
 
 from yolo_cb import YOLO
 from yolo_cb.data.resolve import check_data
+from yolo_cb.utils.files import default_project
 
 PROJECT = Path("runs/demo")
 # The CPU recipe of BENCHMARKS.md (one optimizer step per batch, channels_last, serial loading on 2 cores);
@@ -27,9 +28,10 @@ def main() -> int:
     trainer = model.trainer
     metrics = model.val(data="shapes.yaml", imgsz=320, project=str(PROJECT / "val"), name="shapes", exist_ok=True)
     onnx_path = model.export(format="onnx", imgsz=320)
-    val_images = check_data("shapes.yaml")["val"][0]
-    results = model.predict(source=val_images, imgsz=320, project=str(PROJECT / "predict"), name="shapes", exist_ok=True, save_txt=True)
-    predict_dir = Path(results[0].save_dir) if results and getattr(results[0], "save_dir", None) else PROJECT / "predict" / "shapes"
+    val_images = check_data("shapes.yaml")["val"]
+    predict_dir = PROJECT / "predict" / "shapes"
+    results = model.predict(source=val_images, imgsz=320, project=str(predict_dir.parent), name=predict_dir.name, exist_ok=True, save=True,
+                            save_txt=True)
     save_dir = Path(trainer.save_dir)
     print("\n=== yolo-cb demo: where the results are ===")
     print(f"weights        {save_dir / 'weights' / 'best.pt'}  (and last.pt)")
@@ -37,7 +39,7 @@ def main() -> int:
     print(f"plots          {save_dir}/*.png, train_batch*.jpg, val_batch0_*.jpg")
     events = sorted(save_dir.glob("events.out.tfevents.*"))
     print(f"tensorboard    {len(events)} event file(s) in {save_dir}: tensorboard --logdir {save_dir}")
-    print(f"mlflow         {mlflow_summary(Path(trainer.args.project or 'runs/train'))}")
+    print(f"mlflow         {mlflow_summary(Path(trainer.args.project or default_project(trainer.args)))}")
     print(f"val            mAP50-95 {metrics.get('metrics/mAP50-95(B)', 0):.3f}, plots in {PROJECT / 'val' / 'shapes'}")
     print(f"onnx           {onnx_path}")
     print(f"predictions    {predict_dir} ({len(results)} images)")

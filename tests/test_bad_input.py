@@ -118,7 +118,7 @@ def case_setup(name: str, tmp: Path, shapes_small_yaml: Path):
     if name == "project_disk_full_mid_run":  # room for args.yaml and results.csv, not for the first checkpoint
         mnt = tmp / "small"
         wrap = namespace_with_tmpfs(mnt, "size=128k")
-        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK], wrap, [str(mnt / "runs" / "exp" / "weights"), "no space left",
+        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK], wrap, [str(mnt / "runs" / "train" / "weights"), "no space left",
                                                                                         "on_model_save"]
     if name == "unsafe_checkpoint":
         import argparse

@@ -66,7 +66,7 @@ def test_relative_path_found_next_to_yaml_then_under_datasets_dir(tmp_path, monk
     cfg = {"path": "ds", "train": "images/train", "val": "images/val", "names": ["a", "b"]}
     out = check_data(write_yaml(tmp_path / "beside" / "data.yaml", cfg), datasets_dir=str(tmp_path / "unused"))
     assert out["path"] == str((tmp_path / "beside" / "ds").resolve()) and out["nc"] == 2 and out["names"] == {0: "a", 1: "b"}
-    assert out["train"] == [str((tmp_path / "beside" / "ds" / "images" / "train").resolve())] and out["test"] is None
+    assert out["train"] == str((tmp_path / "beside" / "ds" / "images" / "train").resolve()) and out["test"] is None
     assert "category_ids" not in out
 
     make_split(tmp_path / "store" / "ds", "train")
@@ -85,7 +85,7 @@ def test_bundled_coco8_resolves_against_shared_copy():
     if not (shared / "coco8").is_dir():
         pytest.skip("shared coco8 not available")
     out = check_data("coco8.yaml", datasets_dir=str(shared))  # finds it: no download, nothing written
-    assert out["nc"] == 80 and Path(out["val"][0]).is_dir() and out["category_ids"][:3] == [1, 2, 3]
+    assert out["nc"] == 80 and Path(out["val"]).is_dir() and out["category_ids"][:3] == [1, 2, 3]
     assert Path(out["yaml_file"]) == (DATASETS_CFG_DIR / "coco8.yaml").resolve()
 
 

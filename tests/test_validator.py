@@ -195,7 +195,7 @@ def test_oracle_predictions_match_pycocotools(tmp_path, coco8_data):
 
     args = args_for(tmp_path, coco8_data, save_json=True, split="val")
     data = check_data(args.data)
-    dataset = build_yolo_dataset(args, data["val"] + data["train"], mode="val", names=data["names"], batch=3)
+    dataset = build_yolo_dataset(args, [data["val"], data["train"]], mode="val", names=data["names"], batch=3)
     loader = build_dataloader(dataset, 3, 0, shuffle=False)
     model = Oracle(nano(seed=1), [b["targets"] for b in loader], seed=3)  # Oracle in train mode, its base in eval
     v = Validator(args, save_dir=tmp_path / "oracle", dataloader=loader)

@@ -29,9 +29,9 @@ Usage:
 Examples:
   yolo-cb train data=shapes.yaml model=yolox-nano.yaml epochs=10 imgsz=320
   yolo-cb train data=coco8.yaml callbacks=on_fit_epoch_end=mypkg.cbs:stop_at_target
-  yolo-cb val model=runs/train/exp/weights/best.pt data=shapes.yaml
-  yolo-cb export model=runs/train/exp/weights/best.pt format=onnx
-  yolo-cb predict model=runs/train/exp/weights/best.onnx source=path/to/images
+  yolo-cb val model=runs/detect/train/weights/best.pt data=shapes.yaml
+  yolo-cb export model=runs/detect/train/weights/best.pt format=onnx
+  yolo-cb predict model=runs/detect/train/weights/best.onnx source=path/to/images
   torchrun --nproc_per_node 2 -m yolo_cb train data=shapes.yaml device=cpu
 
 Docs: README.md and docs/ (callbacks.md, cli.md, export.md, distributed.md, metrics.md)."""
@@ -105,8 +105,10 @@ def run(argv: list[str]) -> object:
     from yolo_cb.model import DEFAULT_MODEL, YOLO
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode == "train" else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
-    call = {"train": model.train, "val": model.val, "predict": model.predict, "export": model.export}[args.mode]
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
+    if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
+        return model.run_predict(kwargs.pop("source", None), False, kwargs, save=True)
+    call = {"train": model.train, "val": model.val, "export": model.export}[mode]
     return call(**kwargs)
 
 

@@ -302,6 +302,10 @@ class Config(SimpleNamespace):
     def get(self, key: str, default: Any = None) -> Any:
         return getattr(self, key, default)
 
+    def __iter__(self):
+        """(key, value) pairs, so that `dict(args)` works as on Ultralytics' settings namespace."""
+        return iter(vars(self).items())
+
 
 def check_keys(overrides: dict[str, Any], valid: dict[str, Any], source: str = "") -> None:
     for key in overrides:

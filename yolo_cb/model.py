@@ -1,8 +1,9 @@
 """The YOLO facade: one object to train, validate, predict and export, and to register callbacks on.
 
-    model = YOLO("yolox-nano.yaml")            # or "runs/train/exp/weights/best.pt" / "best.onnx"
-    model.add_callback("on_fit_epoch_end", fn)
-    model.train(data="shapes.yaml", epochs=10, imgsz=320)
+    model = YOLO("yolox-nano.yaml")            # or "runs/detect/train/weights/best.pt" / "best.onnx"
+    model.add_callback("on_fit_epoch_end", fn)  # or model.callbacks["on_fit_epoch_end"].append(fn)
+    metrics = model.train(data="shapes.yaml", epochs=10, imgsz=320)   # metrics.box.map == metrics["metrics/mAP50-95(B)"]
+    results = model("image.jpg")               # = model.predict("image.jpg"): saves nothing unless save=True
 
 Callbacks added here reach every engine object the facade creates: the trainer (and its
 in-training validator), val, predict and export.
@@ -13,12 +14,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import ConfigError, get_config, settings_to_resume
 from yolo_cb.utils.log import setup_logging
+
+if TYPE_CHECKING:
+    from yolo_cb.engine.val_metrics import DetectionMetrics
 
 # Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
 RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
@@ -41,7 +45,8 @@ class YOLO:
         self.model_named = model is not None and not isinstance(model, _DefaultModel)  # resume refuses a named model not its own
         self.callbacks = Callbacks()
         self.trainer = None
-        self.metrics: dict | None = None
+        self.metrics: DetectionMetrics | None = None
+        self._module: tuple[str | None, Any] | None = None  # (source, the loaded model) behind `model.model`
         self.overrides: dict[str, Any] = {}
         from yolo_cb.weights import is_weights_name
 
@@ -98,17 +103,70 @@ class YOLO:
         apply_specs(callbacks, args.callbacks)
         return callbacks
 
+    # --- what Ultralytics' Model exposes -----------------------------------------------------
+    task = "detect"  # the only task: object detection
+
+    def __call__(self, source: Any = None, stream: bool = False, **kwargs):
+        """`model(source, **kw)` is `model.predict(source, **kw)`."""
+        return self.predict(source, stream=stream, **kwargs)
+
+    @property
+    def model(self):
+        """The model as an object: the nn.Module of a .pt checkpoint or a model YAML (80 classes until trained, as
+        Ultralytics), or the loaded Backend of an .onnx / .torchscript file. Loaded on first use, again after train()."""
+        if self._module is None or self._module[0] != self.source:
+            self._module = (self.source, self._load_module())
+        return self._module[1]
+
+    def _load_module(self):
+        source = self.source or str(DEFAULT_MODEL)
+        if source.endswith((".yaml", ".yml")):
+            from yolo_cb.nn import build_model
+
+            return build_model(source, nc=80, verbose=False)
+        if source.endswith((".pt", ".pth")):
+            from yolo_cb.engine.checkpoint import model_from_checkpoint
+            from yolo_cb.weights import resolve_weights
+
+            return model_from_checkpoint(resolve_weights(source, get_config({}).weights_dir))
+        from yolo_cb.engine.backend import load_backend
+
+        return load_backend(source)
+
+    @property
+    def names(self) -> dict[int, str]:
+        """Class id -> name of the model (after train(): of its dataset)."""
+        if self.trainer is not None and self.trainer.data:
+            return {int(k): str(v) for k, v in self.trainer.data["names"].items()}
+        return {int(k): str(v) for k, v in self.model.names.items()}
+
+    def info(self, verbose: bool = True, imgsz: int = 640) -> tuple[int, int, int, float]:
+        """(layers, parameters, trainable parameters, GFLOPs at imgsz), as Ultralytics' model.info(); verbose logs one line."""
+        from torch import nn
+
+        from yolo_cb.nn.summary import log_summary, model_info
+
+        module = self.model
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"info() needs a PyTorch model; {self.source} is an exported file ({type(module).__name__})")
+        info = log_summary(module, imgsz) if verbose else model_info(module, imgsz)
+        gradients = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        return info["layers"], info["params"], gradients, info["gflops"]
+
     # --- modes ----------------------------------------------------------------------------
-    def train(self, **kwargs) -> dict:
-        """Train (or resume, with resume=True / resume=path); returns the final metrics dict."""
+    def train(self, **kwargs) -> DetectionMetrics:
+        """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
+        attributes). trainer= takes a subclass of yolo_cb.engine.trainer.Trainer to train with."""
         from yolo_cb.callbacks.assemble import build_trainer_callbacks
         from yolo_cb.engine.trainer import Trainer
 
         kwargs = dict(kwargs)
+        trainer_class = kwargs.pop("trainer", None) or Trainer
+        if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
+            raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
+                              f"(the class itself, not an instance)")
         named = kwargs.pop("model", None)  # train(model=...) names the model as YOLO(...) does
         if named is not None and self.model_named and str(named) != self.source:
-            from yolo_cb.errors import ConfigError
-
             raise ConfigError(f"YOLO('{self.source}') already names the model, and train(model='{named}') names another: "
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         source, model_named = (str(named), True) if named is not None else (self.source, self.model_named)
@@ -138,18 +196,24 @@ class YOLO:
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
             from yolo_cb.engine.ddp import launch_ddp
 
-            self.metrics = launch_ddp(args, self.callbacks, model=source if not resume_ckpt else None, resume=str(resume_path) if resume_path else None)
-            self.source = str(self.metrics.pop("_best_pt", self.source))
+            if trainer_class is not Trainer:
+                raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
+                                  f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
+            values = launch_ddp(args, self.callbacks, model=source if not resume_ckpt else None, resume=str(resume_path) if resume_path else None)
+            self.source = str(values.pop("_best_pt", self.source))
             self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}
+            from yolo_cb.engine.val_metrics import DetectionMetrics
+
+            self.metrics = DetectionMetrics(values)
             return self.metrics
-        trainer = Trainer(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if not resume_ckpt else None)
+        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if not resume_ckpt else None)
         if resume_ckpt is not None:
             trainer.resume_ckpt = resume_ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
         self.trainer = trainer
-        self.metrics = trainer.train()
+        self.metrics = final_metrics(trainer.train(), trainer.validator)
         best = trainer.wdir / "best.pt"
         if best.is_file():
-            self.source = str(best)
+            self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
         self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
         return self.metrics
 
@@ -168,13 +232,15 @@ class YOLO:
                               f"(its optimizer state was dropped at the end). To train further, {hint}")
         LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
                     f"To train further (fine-tune), {hint}")
+        from yolo_cb.engine.val_metrics import DetectionMetrics
+
         self.trainer = None
-        self.metrics = {k: float(v) for k, v in (ckpt.get("metrics") or {}).items()}
+        self.metrics = DetectionMetrics({k: float(v) for k, v in (ckpt.get("metrics") or {}).items()}, names=ckpt.get("names"))
         self.source = str(weights)
         self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}
         return self.metrics
 
-    def val(self, **kwargs) -> dict:
+    def val(self, **kwargs) -> DetectionMetrics:
         from yolo_cb.engine.validator import Validator
 
         kwargs = self._fetch_named_weights(kwargs)
@@ -186,10 +252,16 @@ class YOLO:
         return self.metrics
 
     def predict(self, source: Any = None, stream: bool = False, **kwargs):
+        """Results for `source`; as in Ultralytics, Python saves annotated images only with save=True (the CLI saves)."""
+        return self.run_predict(source, stream, kwargs, save=False)
+
+    def run_predict(self, source: Any, stream: bool, kwargs: dict, save: bool):
+        """predict() with `save` as the default of save= (False from Python, True from the CLI)."""
         from yolo_cb.engine.predictor import Predictor
 
         kwargs = self._fetch_named_weights(kwargs)
-        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)})
+        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
+                          base={"save": save})
         self._require_weights("predict", args.model)
         setup_logging(args.verbose)
         predictor = Predictor(args, callbacks=self._engine_callbacks(args))
@@ -211,7 +283,7 @@ class YOLO:
         """val/predict/export need trained weights, not an architecture YAML."""
         if model is None or model == "":
             raise ConfigError(f"{mode} needs model=: trained weights (.pt, .onnx or .torchscript), e.g. "
-                              f"yolo-cb {mode} model=runs/train/exp/weights/best.pt")
+                              f"yolo-cb {mode} model=runs/detect/train/weights/best.pt")
         if isinstance(model, (str, Path)) and str(model).endswith((".yaml", ".yml")):
             raise FileNotFoundError(f"{mode} needs trained weights (.pt, .onnx or .torchscript), but model is the config '{model}'. "
                                     f"Train first (model.train(...) then model.{mode}(...)), or pass model=path/to/best.pt")
@@ -220,8 +292,21 @@ class YOLO:
         return f"YOLO({self.source!r})"
 
 
+def final_metrics(values: dict, validator) -> DetectionMetrics:
+    """The metrics train() returns: the trainer's final values, with the per-class detail of the validation that produced
+    them (none when the last validation is not theirs, e.g. val=False)."""
+    from yolo_cb.engine.val_metrics import DetectionMetrics
+
+    last = getattr(validator, "metrics", None)
+    if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
+        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names)
+    return DetectionMetrics(values, names=getattr(validator, "names", None) or None)
+
+
 def find_last_checkpoint(project: str | None) -> Path:
-    root = Path(project) if project else Path("runs") / "train"
+    from yolo_cb.utils.files import default_project
+
+    root = Path(project) if project else default_project()
     candidates = sorted(root.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
     if not candidates:
         raise FileNotFoundError(f"resume=True: no last.pt found under {root}/*/weights/; pass resume=path/to/last.pt")

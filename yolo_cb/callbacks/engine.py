@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import types
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +138,7 @@ class Callbacks:
             if event not in EVENTS:
                 check_event(event)
             return
-        for entry in entries:
+        for entry in list(entries):  # callbacks added or removed while this event runs take effect from its next firing
             if not entry.enabled:
                 continue
             start = time.perf_counter()
@@ -173,16 +173,52 @@ class Callbacks:
                     e.enabled = False
 
     # --- introspection ------------------------------------------------------------------
-    def get(self, event: str) -> list[Callable]:
-        return [e.fn for e in self._entries.get(check_event(event), [])]
+    def get(self, event: str, default: Any = None) -> EventCallbacks:
+        """`callbacks.get(event)`: the live list (every event has one, so `default` is never used); an unknown event
+        raises with a suggestion rather than returning a list that registers nothing."""
+        return self[event]
 
     def entries(self, event: str | None = None) -> list[Entry]:
         if event is not None:
             return list(self._entries.get(check_event(event), []))
         return [e for entries in self._entries.values() for e in entries]
 
-    def __getitem__(self, event: str) -> list[Callable]:
-        return self.get(event)
+    # --- the dict-of-lists view Ultralytics code uses: callbacks[event] is a live list -------------
+    def __getitem__(self, event: str) -> EventCallbacks:
+        """The live list of `event`'s callbacks: append/extend/insert/remove/del/+= register and unregister here."""
+        return EventCallbacks(self, check_event(event))
+
+    def __setitem__(self, event: str, fns) -> None:
+        """`callbacks[event] = [fn, ...]` replaces every callback of `event` (like set_callback)."""
+        check_event(event)
+        if isinstance(fns, EventCallbacks) and fns.registry is self and fns.event == event:
+            return  # `callbacks[event] += [fn]` assigns the live list back to itself: already done
+        new = list(fns)
+        self.clear_callback(event)
+        for fn in new:
+            self.add_callback(event, fn)
+
+    def __delitem__(self, event: str) -> None:
+        self.clear_callback(event)
+
+    def __contains__(self, event: object) -> bool:
+        return event in EVENTS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(EVENTS)
+
+    def __len__(self) -> int:
+        return len(EVENTS)
+
+    def keys(self):
+        """Every event name (each one always has a list, possibly empty), as in Ultralytics' callbacks dict."""
+        return EVENTS.keys()
+
+    def values(self) -> list[EventCallbacks]:
+        return [self[event] for event in EVENTS]
+
+    def items(self) -> list[tuple[str, EventCallbacks]]:
+        return [(event, self[event]) for event in EVENTS]
 
     def table(self) -> str:
         """The resolved event -> callbacks table, in firing order."""
@@ -220,6 +256,57 @@ class Callbacks:
                 owners[key].load_state_dict(state)
             else:
                 LOGGER.warning(f"WARNING checkpoint holds state for callback '{key}' but no registered callback claims it; ignored")
+
+
+class EventCallbacks(MutableSequence):
+    """The callbacks of one event as a list of functions, live on its registry (`callbacks[event]`).
+
+    Appending, extending, inserting or assigning registers `fn` as a user callback (error policy "raise"); removing or
+    deleting unregisters it. Reading gives the functions in firing order (defaults, integrations, the user's)."""
+
+    def __init__(self, registry: Callbacks, event: str):
+        self.registry, self.event = registry, event
+
+    @property
+    def _entries(self) -> list[Entry]:
+        return self.registry._entries[self.event]
+
+    def _entry(self, fn: Callable) -> Entry:
+        if not callable(fn):
+            raise TypeError(f"callback for '{self.event}' must be callable, got {type(fn).__name__}: {fn!r}")
+        return Entry(fn=fn, name=callback_name(fn))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [e.fn for e in self._entries[index]]
+        return self._entries[index].fn
+
+    def __setitem__(self, index, fn) -> None:
+        if isinstance(index, slice):
+            self._entries[index] = [self._entry(f) for f in fn]
+        else:
+            self._entries[index] = self._entry(fn)
+
+    def __delitem__(self, index) -> None:
+        del self._entries[index]
+
+    def insert(self, index: int, fn: Callable) -> None:
+        self._entries.insert(index, self._entry(fn))
+
+    def append(self, fn: Callable) -> None:
+        self.registry.add_callback(self.event, fn)
+
+    def __contains__(self, fn: object) -> bool:
+        return any(e.fn is fn or e.fn == fn for e in self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, EventCallbacks)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 def event_methods(obj: Any) -> dict[str, Callable]:

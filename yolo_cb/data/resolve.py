@@ -2,7 +2,7 @@
 
 A dataset YAML (Ultralytics-compatible)::
 
-    path: coco8                # dataset root: absolute, or relative (next to the YAML, then datasets_dir)
+    path: coco8                # dataset root: absolute, or relative (to the working directory, next to the YAML, then datasets_dir)
     train: images/train        # folder(s) or .txt list(s), relative to path
     val: images/val
     test:                      # optional
@@ -100,8 +100,8 @@ def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action:
 def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict:
     """Resolve a dataset YAML (path or bundled name) into absolute split paths, names and nc.
 
-    Returns ``yaml_file``, ``path`` (root), ``train``/``val``/``test`` (lists of absolute paths or
-    None), ``names`` ({id: name}), ``nc``, and ``category_ids`` when the YAML has one. Downloads
+    Returns ``yaml_file``, ``path`` (root), ``train``/``val``/``test`` (an absolute path string, a list of them
+    when the YAML lists several, or None), ``names`` ({id: name}), ``nc``, and ``category_ids`` when the YAML has one. Downloads
     (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
     listing every place looked.
     """
@@ -126,8 +126,9 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
         places = [(yaml_dir, "the YAML's folder (no 'path:' key)")]
     elif Path(str(raw_path)).expanduser().is_absolute():
         places = [(Path(str(raw_path)).expanduser(), "'path:' in the YAML")]
-    else:
-        places = [(yaml_dir / str(raw_path), "next to the YAML"), (ddir / str(raw_path), "under datasets_dir")]
+    else:  # Ultralytics resolves a relative path: from the working directory; then next to the YAML, then datasets_dir
+        places = [(Path.cwd() / str(raw_path), "relative to the working directory"), (yaml_dir / str(raw_path), "next to the YAML"),
+                  (ddir / str(raw_path), "under datasets_dir")]
     places = [(p.resolve(), why) for p, why in places]
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
 
@@ -167,8 +168,9 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
         )
 
     out = {"yaml_file": str(yaml_file), "path": str(root)}
-    for key in SPLIT_KEYS:
-        out[key] = _split_paths(cfg.get(key), root, key, yaml_file)
+    for key in SPLIT_KEYS:  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
+        paths = _split_paths(cfg.get(key), root, key, yaml_file)
+        out[key] = paths[0] if paths and not isinstance(cfg.get(key), (list, tuple)) else paths
     out["names"], out["nc"] = names, len(names)
     if cfg.get("category_ids") is not None:
         ids = cfg["category_ids"]

@@ -1,6 +1,6 @@
 """Export a YOLOX model to ONNX or TorchScript, then verify the written file against PyTorch on a real image.
 
-    Exporter({"format": "onnx", "imgsz": 320})("runs/train/exp/weights/best.pt")   # -> ".../best.onnx"
+    Exporter({"format": "onnx", "imgsz": 320})("runs/detect/train/weights/best.pt")   # -> ".../best.onnx"
 
 The exported graph takes `images` (B, 3, H, W) float RGB in [0, 1] and returns `output0` (B, A, 5 + nc):
 cx, cy, w, h in input pixels, then sigmoided objectness and class scores (see docs/export.md).
@@ -211,7 +211,7 @@ def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
         elif Path(base).expanduser().is_absolute():
             roots = [Path(base).expanduser()]
         else:
-            roots = [yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]
+            roots = [Path.cwd() / base, yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]  # as check_data
     except Exception:  # an unresolvable dataset only means: use the generated test scene
         return None
     for split in ("val", "train", "test"):

@@ -111,17 +111,23 @@ class Predictor:
         self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.backend: Backend | None = None
-        self.model = None
+        self.model: Backend | None = None  # the loaded model (as Ultralytics' predictor.model): names, stride, device, __call__
+        self._model_source = None  # what `model` was loaded from (a path or an nn.Module)
         self.source = None
         self.save_dir: Path | None = None
-        self.batch: tuple[list[str], list[np.ndarray]] | None = None
+        self.batch: tuple[list[str], list[np.ndarray], list[str]] | None = None  # (paths, BGR images, "image 1/3 path: " strings)
         self.results: list[Results] = []
         self.seen = 0
+        self._described = 0  # source items described so far in this call (predictor.batch's third element)
         self.imgsz: tuple[int, int] | None = None
         self._writers: dict[str, cv2.VideoWriter] = {}
 
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
+
+    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
+        """Register `fn(predictor)` on `event` (Ultralytics' predictor.add_callback)."""
+        self.callbacks.add_callback(event, fn, on_error=on_error)
 
     @property
     def conf(self) -> float:
@@ -129,13 +135,13 @@ class Predictor:
 
     def setup_model(self, model: Any) -> Backend:
         if model is None and self.backend is not None:
-            model = self.model  # reuse the model of the previous call
+            model = self._model_source  # reuse the model of the previous call
         model = model if model is not None else self.args.model
         if model is None:
             raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
-        if self.backend is None or model is not self.model:
-            self.backend = load_backend(model, device=self.args.device, fp16=bool(self.args.half))
-            self.model = model
+        if self.backend is None or model is not self._model_source:
+            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half))
+            self._model_source = model
         size = self.args.imgsz
         self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))
         return self.backend
@@ -161,15 +167,16 @@ class Predictor:
             raise ValueError("predict needs a source: an image, folder, glob, video, .txt list or numpy image")
         backend = self.setup_model(model)
         self.source = source
-        frames = iter_frames(_expand(source))  # a missing source raises here, before a run dir is made
+        items = _expand(source)  # a missing source raises here, before a run dir is made
+        frames = iter_frames(items)
         if self.args.save or self.args.save_txt:
             self.save_dir = self._make_save_dir()
-        self.seen = 0
+        self.seen, self._described = 0, 0
         self.run_callbacks("on_predict_start")
         try:
             for batch in self._batches(frames, backend.batch or 1):
                 paths, images, frame_ids = (list(v) for v in zip(*batch, strict=True))
-                self.batch = (paths, images)
+                self.batch = (paths, images, [self._describe(p, f, len(items)) for p, f in zip(paths, frame_ids, strict=True)])
                 self.run_callbacks("on_predict_batch_start")
                 t0 = time.perf_counter()
                 tensors, ratio_pads = zip(*(preprocess(img, self.imgsz, auto=False, stride=backend.stride) for img in images), strict=True)
@@ -188,9 +195,8 @@ class Predictor:
                     self.save_result(r)
                 self.seen += n
                 if self.args.verbose:
-                    for r in self.results:
-                        LOGGER.info(f"{r.path}{'' if r.frame is None else f' frame {r.frame}'}: {r.summary()} "
-                                    f"({speed['inference']:.1f} ms)")
+                    for r, text in zip(self.results, self.batch[2], strict=True):
+                        LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
                 self.run_callbacks("on_predict_batch_end")
                 yield from self.results
         finally:
@@ -200,6 +206,12 @@ class Predictor:
         if self.save_dir is not None:
             LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
         self.run_callbacks("on_predict_end")
+
+    def _describe(self, path: str, frame: int | None, count: int) -> str:
+        """The per-image line Ultralytics puts third in predictor.batch: 'image 3/10 path: ' or 'video 1/1 (frame 5) path: '."""
+        self._described += frame in (None, 0)  # a new source item starts
+        kind = "image" if frame is None else "video"
+        return f"{kind} {self._described}/{count}{'' if frame is None else f' (frame {frame + 1})'} {path}: "
 
     def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
         from yolo_cb.nn.postprocess import postprocess, scale_boxes

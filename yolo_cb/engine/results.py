@@ -10,10 +10,13 @@ import torch
 
 
 class Boxes:
-    """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels."""
+    """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels.
 
-    def __init__(self, data: torch.Tensor, orig_shape: tuple[int, int]):
-        data = torch.as_tensor(data, dtype=torch.float32)
+    `data` is a torch tensor, or a NumPy array after `.numpy()` (every property then returns NumPy, as in Ultralytics)."""
+
+    def __init__(self, data: torch.Tensor | np.ndarray, orig_shape: tuple[int, int]):
+        if not isinstance(data, np.ndarray):
+            data = torch.as_tensor(data, dtype=torch.float32)
         if data.ndim == 1:
             data = data.reshape(-1, 6)
         if data.shape[-1] != 6:
@@ -22,42 +25,54 @@ class Boxes:
         self.orig_shape = tuple(int(v) for v in orig_shape[:2])
 
     @property
-    def xyxy(self) -> torch.Tensor:
+    def xyxy(self) -> torch.Tensor | np.ndarray:
         return self.data[:, :4]
 
     @property
-    def conf(self) -> torch.Tensor:
+    def conf(self) -> torch.Tensor | np.ndarray:
         return self.data[:, 4]
 
     @property
-    def cls(self) -> torch.Tensor:
+    def cls(self) -> torch.Tensor | np.ndarray:
         return self.data[:, 5]
 
     @property
-    def xywh(self) -> torch.Tensor:
+    def xywh(self) -> torch.Tensor | np.ndarray:
         """Centre x, centre y, width, height in pixels."""
         b = self.xyxy
-        return torch.stack(((b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]), dim=1)
+        parts = ((b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1])
+        return np.stack(parts, axis=1) if isinstance(b, np.ndarray) else torch.stack(parts, dim=1)
+
+    def _scale(self) -> torch.Tensor | np.ndarray:
+        h, w = self.orig_shape
+        if isinstance(self.data, np.ndarray):
+            return np.array([w, h, w, h], dtype=self.data.dtype)
+        return torch.tensor([w, h, w, h], dtype=self.data.dtype, device=self.data.device)
 
     @property
-    def xyxyn(self) -> torch.Tensor:
-        h, w = self.orig_shape
-        return self.xyxy / torch.tensor([w, h, w, h], dtype=self.data.dtype, device=self.data.device)
+    def xyxyn(self) -> torch.Tensor | np.ndarray:
+        return self.xyxy / self._scale()
 
     @property
-    def xywhn(self) -> torch.Tensor:
-        h, w = self.orig_shape
-        return self.xywh / torch.tensor([w, h, w, h], dtype=self.data.dtype, device=self.data.device)
+    def xywhn(self) -> torch.Tensor | np.ndarray:
+        return self.xywh / self._scale()
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
     def cpu(self) -> Boxes:
-        return Boxes(self.data.cpu(), self.orig_shape)
+        return Boxes(self.data if isinstance(self.data, np.ndarray) else self.data.cpu(), self.orig_shape)
 
-    def numpy(self) -> np.ndarray:
-        return self.data.cpu().numpy()
+    def numpy(self) -> Boxes:
+        """These boxes with NumPy data (Ultralytics' Boxes.numpy())."""
+        return Boxes(self.data if isinstance(self.data, np.ndarray) else self.data.detach().cpu().numpy(), self.orig_shape)
+
+    def to(self, *args, **kwargs) -> Boxes:
+        return Boxes(torch.as_tensor(self.data).to(*args, **kwargs), self.orig_shape)
+
+    def _tensor(self) -> torch.Tensor:
+        return torch.as_tensor(self.data)
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -72,7 +87,7 @@ class Boxes:
 class Results:
     """One image's detections: boxes, names, orig_img (BGR), orig_shape (h, w), path, speed (ms per stage)."""
 
-    def __init__(self, orig_img: np.ndarray, path: str, names: dict[int, str], boxes: torch.Tensor | None = None,
+    def __init__(self, orig_img: np.ndarray, path: str, names: dict[int, str], boxes: torch.Tensor | np.ndarray | None = None,
                  speed: dict[str, float] | None = None, frame: int | None = None):
         self.orig_img = orig_img
         self.orig_shape = tuple(int(v) for v in orig_img.shape[:2])
@@ -82,40 +97,120 @@ class Results:
         self.speed = speed or {"preprocess": None, "inference": None, "postprocess": None}
         self.frame = frame  # frame index for videos, else None
 
+    def _with_boxes(self, boxes: Boxes) -> Results:
+        return Results(self.orig_img, self.path, self.names, boxes=boxes.data, speed=dict(self.speed), frame=self.frame)
+
     def __len__(self) -> int:
         return len(self.boxes)
+
+    def __getitem__(self, index: Any) -> Results:
+        """`results[0][i]`: the same image with only detection(s) `index` (an int, a slice, a mask or index list)."""
+        return self._with_boxes(self.boxes[index])
+
+    def cpu(self) -> Results:
+        return self._with_boxes(self.boxes.cpu())
+
+    def numpy(self) -> Results:
+        """A copy whose boxes hold NumPy arrays (boxes.xyxy, .conf, .cls ... are np.ndarray)."""
+        return self._with_boxes(self.boxes.numpy())
+
+    def to(self, *args, **kwargs) -> Results:
+        return self._with_boxes(self.boxes.to(*args, **kwargs))
 
     def __repr__(self) -> str:
         return f"Results(path={self.path!r}, orig_shape={self.orig_shape}, detections={len(self)})"
 
-    def summary(self) -> str:
-        """'2 circles, 1 square' style count of detections by class name."""
+    def verbose(self) -> str:
+        """Ultralytics' log string: '2 circles, 1 cross, ' (counts by class name, in class order); '' with no detections."""
         if not len(self):
-            return "no detections"
-        counts = torch.bincount(self.boxes.cls.long().cpu())
-        parts = [f"{int(n)} {self.names.get(i, str(i))}" for i, n in enumerate(counts.tolist()) if n]
-        return ", ".join(parts)
+            return ""
+        counts = torch.bincount(self.boxes._tensor()[:, 5].long().cpu())
+        return "".join(f"{int(n)} {self.names.get(i, str(i))}{'s' * (n > 1)}, " for i, n in enumerate(counts.tolist()) if n)
 
-    def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None) -> np.ndarray:
-        """A copy of the original image (BGR) with each box, its class name and score drawn in the class colour."""
+    def summary(self, normalize: bool = False, decimals: int = 5) -> list[dict[str, Any]]:
+        """One dict per detection: name, class, confidence, box {x1, y1, x2, y2} (pixels, or fractions of the image when
+        `normalize`), rounded to `decimals` (Ultralytics' Results.summary())."""
+        h, w = self.orig_shape if normalize else (1, 1)
+        rows = []
+        for x1, y1, x2, y2, conf, cls in self.boxes._tensor().cpu().tolist():
+            box = {"x1": x1 / w, "y1": y1 / h, "x2": x2 / w, "y2": y2 / h}
+            rows.append({"name": self.names.get(int(cls), str(int(cls))), "class": int(cls), "confidence": round(conf, decimals),
+                         "box": {k: round(v, decimals) for k, v in box.items()}})
+        return rows
+
+    def to_json(self, normalize: bool = False, decimals: int = 5) -> str:
+        """summary() as a JSON string."""
+        import json
+
+        return json.dumps(self.summary(normalize=normalize, decimals=decimals), indent=2)
+
+    def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None,
+             pil: bool = False, save: bool = False, filename: str | Path | None = None):
+        """A copy of the original image (BGR array) with each box, its class name and score drawn in the class colour.
+
+        pil=True returns a PIL.Image (RGB) instead; save=True also writes it to `filename` (default results_<image name>)."""
+        canvas = self._draw(line_width, labels, conf, img)
+        if save:
+            self._write(canvas, filename)
+        if pil:
+            from PIL import Image
+
+            return Image.fromarray(np.ascontiguousarray(canvas[..., ::-1]))
+        return canvas
+
+    def _draw(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None) -> np.ndarray:
         from yolo_cb.utils.draw import draw_detections
 
         canvas = np.ascontiguousarray((img if img is not None else self.orig_img).copy())
-        return draw_detections(canvas, self.boxes.data.cpu().tolist(), self.names, line_width, labels, conf)
+        return draw_detections(canvas, self.boxes._tensor().cpu().tolist(), self.names, line_width, labels, conf)
 
-    def save(self, filename: str | Path, **plot_kwargs) -> str:
-        """Write plot() to `filename`; returns the path."""
+    def default_filename(self) -> str:
+        """results_<image name> (a video frame: results_<stem>_<frame>.jpg), Ultralytics' name for save() without one."""
+        p = Path(self.path)
+        return f"results_{p.name}" if self.frame is None else f"results_{p.stem}_{self.frame}.jpg"
+
+    def _write(self, image: np.ndarray, filename: str | Path | None) -> str:
         import cv2
 
-        Path(filename).parent.mkdir(parents=True, exist_ok=True)
-        if not cv2.imwrite(str(filename), self.plot(**plot_kwargs)):
-            raise OSError(f"could not write image {filename}")
+        filename = Path(filename or self.default_filename())
+        filename.parent.mkdir(parents=True, exist_ok=True)
+        if not cv2.imwrite(str(filename), image):
+            raise OSError(f"could not write image {filename} (the suffix must be an image format cv2 writes, e.g. .jpg or .png)")
         return str(filename)
+
+    def save(self, filename: str | Path | None = None, **plot_kwargs) -> str:
+        """Write plot(**plot_kwargs) to `filename` (default: results_<image name> in the working directory, as Ultralytics);
+        returns the path. plot_kwargs: line_width, labels, conf, img."""
+        return self._write(self._draw(**plot_kwargs), filename)
+
+    def save_crop(self, save_dir: str | Path, file_name: str | Path = "im.jpg") -> list[str]:
+        """Each detection cut from the original image into <save_dir>/<class name>/<file_name stem>.jpg (then stem2.jpg, ...
+        so that no crop overwrites another); returns the paths written."""
+        import cv2
+
+        h, w = self.orig_shape
+        written = []
+        for x1, y1, x2, y2, _, cls in self.boxes._tensor().cpu().tolist():
+            left, top = max(int(x1), 0), max(int(y1), 0)
+            right, bottom = min(int(np.ceil(x2)), w), min(int(np.ceil(y2)), h)
+            if right <= left or bottom <= top:
+                continue
+            folder = Path(save_dir) / self.names.get(int(cls), str(int(cls)))
+            folder.mkdir(parents=True, exist_ok=True)
+            stem, n = Path(file_name).stem, 2
+            target = folder / f"{stem}.jpg"
+            while target.exists():
+                target, n = folder / f"{stem}{n}.jpg", n + 1
+            if not cv2.imwrite(str(target), np.ascontiguousarray(self.orig_img[top:bottom, left:right])):
+                raise OSError(f"could not write the crop {target}")
+            written.append(str(target))
+        return written
 
     def save_txt(self, path: str | Path, save_conf: bool = False) -> str:
         """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf]', coordinates normalised to [0, 1]."""
+        boxes = Boxes(self.boxes._tensor(), self.orig_shape)
         lines = []
-        for (cx, cy, w, h), score, cls in zip(self.boxes.xywhn.tolist(), self.boxes.conf.tolist(), self.boxes.cls.tolist(), strict=True):
+        for (cx, cy, w, h), score, cls in zip(boxes.xywhn.tolist(), boxes.conf.tolist(), boxes.cls.tolist(), strict=True):
             line = f"{int(cls)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
             lines.append(line + (f" {score:.6f}" if save_conf else ""))
         path = Path(path)

@@ -57,12 +57,12 @@ class Trainer:
     """Trains a YOLOX model. `trainer.train()` returns the final metrics dict.
 
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer, criterion, train_loader,
-    test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message), exception, data, device,
-    rank, world_size, frozen, lr_schedule. A callback ends the run with `trainer.request_stop(StopCause.X, message)`
-    (or `trainer.stop = True`). The LR is the lr_schedule callback's (yolo_cb/callbacks/lr_schedule.py): nothing here
-    writes it.
+    metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer,
+    criterion, train_loader, test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message),
+    exception, data, device, rank, world_size, frozen, lr_schedule; and, as Ultralytics names them, best, last,
+    plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends the run with
+    `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule callback's
+    (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -116,6 +116,8 @@ class Trainer:
         self._owns_process_group = False  # whether _setup_distributed created the process group
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.device = torch.device("cpu")
+        self.epoch_time: float | None = None  # seconds the last epoch took (set before on_fit_epoch_end)
+        self.epoch_time_start: float | None = None
 
     # --- small helpers ------------------------------------------------------------------
     @property
@@ -132,12 +134,48 @@ class Trainer:
         return time.time() - self._t0
 
     def run_callbacks(self, event: str) -> None:
+        self._time_epoch(event)
         self.callbacks.run(event, self)
 
     def request_stop(self, cause: StopCause, reason: str) -> None:
         """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
         if not self.stop or self.stop_cause is None:
             self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
+
+    # --- what Ultralytics' trainer exposes to callbacks and integrations -------------------
+    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
+        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback); it runs from the event's next firing."""
+        self.callbacks.add_callback(event, fn, on_error=on_error)
+
+    @property
+    def last(self) -> Path | None:
+        """<run folder>/weights/last.pt (a Path, known once the run folder exists)."""
+        return self.wdir / "last.pt" if self.wdir else None
+
+    @property
+    def best(self) -> Path | None:
+        """<run folder>/weights/best.pt (a Path, known once the run folder exists)."""
+        return self.wdir / "best.pt" if self.wdir else None
+
+    @property
+    def batch_size(self) -> int:
+        """Images per batch in this process (the batch= setting)."""
+        return self.args.batch
+
+    @property
+    def plots(self) -> dict[Path, dict]:
+        """Plot images written in the run folder so far: path -> {"data": None, "timestamp": modification time}."""
+        if not self.save_dir or not Path(self.save_dir).is_dir():
+            return {}
+        files = sorted(p for p in Path(self.save_dir).iterdir() if p.suffix in (".png", ".jpg") and p.is_file())
+        return {p: {"data": None, "timestamp": p.stat().st_mtime} for p in files}
+
+    def _time_epoch(self, event: str) -> None:
+        """epoch_time (s): from on_train_epoch_start to on_fit_epoch_end, training, validation and saving included."""
+        if event == "on_train_epoch_start":
+            self.epoch_time_start = time.time()
+        elif event == "on_fit_epoch_end" and self.epoch_time_start is not None:
+            self.epoch_time = time.time() - self.epoch_time_start
 
     def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
         if items is None:

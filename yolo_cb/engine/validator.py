@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks import Callbacks
+from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.utils.files import atomic_write_text, run_dir
 from yolo_cb.utils.log import LOGGER
@@ -61,7 +62,8 @@ class Validator:
         self.data: dict | None = None
         self.names: dict[int, str] = {}
         self.nc = 0
-        self.metrics: dict[str, float] = {}
+        self.metrics: DetectionMetrics = DetectionMetrics({})  # a dict of the metric keys with Ultralytics' attributes
+        self.plots: dict[Path, dict] = {}  # plot file -> {"data": None, "timestamp": time}, as Ultralytics' validator.plots
         self.per_class: list[dict] = []
         self.speed: dict[str, float] = {}
         self.stats: list[dict] = []
@@ -85,6 +87,10 @@ class Validator:
 
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
+
+    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
+        """Register `fn(validator)` on `event` (Ultralytics' validator.add_callback)."""
+        self.callbacks.add_callback(event, fn, on_error=on_error)
 
     # --- setup ------------------------------------------------------------------------------
     def _setup_trainer(self, trainer):
@@ -168,12 +174,14 @@ class Validator:
         except FileNotFoundError as error:
             raise FileNotFoundError(f"dataset {yaml_file}: split '{split}' has no usable images ({error})") from error
         if len(dataset) == 0:
-            raise FileNotFoundError(f"dataset {yaml_file}: split '{split}' ({', '.join(map(str, paths))}) is empty")
+            shown = ", ".join(map(str, paths)) if isinstance(paths, (list, tuple)) else str(paths)
+            raise FileNotFoundError(f"dataset {yaml_file}: split '{split}' ({shown}) is empty")
         return build_dataloader(dataset, batch, args.workers, shuffle=False, rank=-1)
 
     # --- the run ----------------------------------------------------------------------------
-    def __call__(self, trainer=None, model=None) -> dict[str, float]:
-        """Validate `trainer`'s model (with val losses) or `model` (path / Module / Backend); returns the metrics dict."""
+    def __call__(self, trainer=None, model=None) -> DetectionMetrics:
+        """Validate `trainer`'s model (with val losses) or `model` (path / Module / Backend); returns the metrics (a dict of the
+        metric keys with Ultralytics' attributes: box.map, results_dict, speed, ...; see yolo_cb.engine.val_metrics)."""
         self._modes: dict = {}  # submodule -> training flag, restored afterwards
         try:
             model = self._setup_trainer(trainer) if trainer is not None else self._setup_standalone(model)
@@ -188,7 +196,7 @@ class Validator:
         self.print_results()
         self.save_outputs()
         self.run_callbacks("on_val_end")
-        return dict(self.metrics)
+        return self.metrics
 
     def _run(self, model) -> tuple[int, dict, dict]:
         """The batch loop: preprocess, forward (+ loss in trainer mode), NMS, matching; fires the batch events."""
@@ -294,7 +302,7 @@ class Validator:
         for s in self.stats:
             self.det_metrics.update(s["pred_boxes"], s["pred_scores"], s["pred_cls"], s["gt_boxes"], s["gt_cls"], key=s["image_id"])
         m = self.det_metrics.compute()
-        self.metrics = m.results_dict
+        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names)
         self.per_class = m.per_class
         self.fitness = m.fitness
 
@@ -318,7 +326,7 @@ class Validator:
         final = not self.training or self.plot
         if self.args.plots and final and self.save_dir is not None:
             try:
-                self.plot_metrics()
+                self.plots.update({Path(f): {"data": None, "timestamp": time.time()} for f in self.plot_metrics() if f})
             except Exception as error:  # a plot must never cost the metrics
                 LOGGER.warning(f"WARNING validation plots failed: {type(error).__name__}: {error}")
         if self.args.save_json and final and self.save_dir is not None:

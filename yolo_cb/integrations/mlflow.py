@@ -3,8 +3,8 @@
 Where it logs (first match):
 1. an MLflow run already active in this process (`mlflow.start_run()` before `train()`): reused, and left open;
 2. MLFLOW_TRACKING_URI (also set by `mlflow.set_tracking_uri()`), e.g. http://127.0.0.1:5000;
-3. a local store with no server: `<project or runs/train>/mlruns/mlflow.db` (SQLite) with artifacts in
-   `<project or runs/train>/mlruns/artifacts` — view it with `mlflow ui --backend-store-uri sqlite:///<that path>`.
+3. a local store with no server: `<project or runs/detect>/mlruns/mlflow.db` (SQLite) with artifacts in
+   `<project or runs/detect>/mlruns/artifacts` — view it with `mlflow ui --backend-store-uri sqlite:///<that path>`.
 Experiment: MLFLOW_EXPERIMENT_NAME, else the basename of `project`, else "yolo-cb". Run name: MLFLOW_RUN, else the
 run dir name. A resumed training continues its MLflow run (the run id is stored in the checkpoint).
 
@@ -51,8 +51,10 @@ def safe_key(key: str) -> str:
 
 
 def local_store(project: str | None) -> tuple[str, str]:
-    """(tracking URI, artifact root URI) of the server-less store under `project` (default runs/train)."""
-    root = (Path(project) if project else Path("runs") / "train").resolve() / "mlruns"
+    """(tracking URI, artifact root URI) of the server-less store under `project` (default runs/detect)."""
+    from yolo_cb.utils.files import default_project
+
+    root = (Path(project) if project else default_project()).resolve() / "mlruns"
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
 

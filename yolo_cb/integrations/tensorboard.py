@@ -1,6 +1,6 @@
 """TensorBoard (tensorboard=True): event files in the run dir — scalars per epoch, the model graph, visualisation images.
 
-    tensorboard --logdir runs/train
+    tensorboard --logdir runs/detect
 
 Scalars: train losses (train/iou_loss ...), learning rates (lr/pg0 ...) and, for epochs that validated, the
 validation metrics under their own keys (metrics/mAP50-95(B), val/iou_loss, fitness); step = the 0-based epoch.

@@ -82,8 +82,9 @@ class YOLOXHead(nn.Module):
                 ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
                 grids.append(np.stack((xs, ys), axis=-1).reshape(-1, 2))
                 strides.append(np.full((h * w, 1), stride, dtype=np.float32))
-            grid = torch.from_numpy(np.concatenate(grids)).to(device=ref.device, dtype=ref.dtype)
-            stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
+            with torch.inference_mode(False):  # a normal tensor even when built under inference_mode: training may reuse it
+                grid = torch.from_numpy(np.concatenate(grids)).to(device=ref.device, dtype=ref.dtype)
+                stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
             self._grid_cache[key] = (grid, stride)
         return self._grid_cache[key]
 

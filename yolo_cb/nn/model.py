@@ -60,11 +60,16 @@ class YOLOX(nn.Module):
         return self.criterion(preds, grid, strides, targets)
 
     @torch.no_grad()
-    def fuse(self) -> YOLOX:
-        """Fold every BatchNorm into its convolution, in place (for inference); returns self."""
+    def fuse(self, verbose: bool = False) -> YOLOX:
+        """Fold every BatchNorm into its convolution, in place (for inference); returns self. verbose: log the fused
+        model's summary line (layers, parameters, GFLOPs), as Ultralytics' fuse(verbose=True) does."""
         for module in self.modules():
             if isinstance(module, ConvBNAct):
                 module.fuse()
+        if verbose:
+            from .summary import log_summary
+
+            log_summary(self, suffix=" (fused)")
         return self
 
 
@@ -145,8 +150,7 @@ def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: in
     else:
         model = YOLOX(nc=nc, name=name, **arch)
     if verbose:
-        from .summary import model_info
+        from .summary import log_summary
 
-        info = model_info(model, imgsz)
-        LOGGER.info(f"{name} summary: {info['layers']} layers, {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {imgsz}")
+        log_summary(model, imgsz)
     return model

@@ -35,3 +35,14 @@ def count_gflops(model: nn.Module, imgsz: int | tuple[int, int] = 640) -> float:
 def model_info(model: nn.Module, imgsz: int | tuple[int, int] = 640) -> dict:
     """{'layers': int, 'params': int, 'gflops': float at imgsz}."""
     return {"layers": count_layers(model), "params": count_params(model), "gflops": count_gflops(model, imgsz)}
+
+
+def log_summary(model: nn.Module, imgsz: int | tuple[int, int] = 640, suffix: str = "") -> dict:
+    """Log one line (layers, parameters, GFLOPs at imgsz) to the 'yolo_cb' logger; returns model_info."""
+    import logging
+
+    info = model_info(model, imgsz)
+    size = imgsz if isinstance(imgsz, int) else "x".join(map(str, imgsz))
+    logging.getLogger("yolo_cb").info(f"{getattr(model, 'name', type(model).__name__)} summary{suffix}: {info['layers']} layers, "
+                                      f"{info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {size}")
+    return info

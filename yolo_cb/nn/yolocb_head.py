@@ -97,8 +97,9 @@ class DistributionHead(nn.Module):
                 ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
                 centers.append(np.stack((xs, ys), axis=-1).reshape(-1, 2) + 0.5)
                 strides.append(np.full((h * w, 1), stride, dtype=np.float32))
-            center = torch.from_numpy(np.concatenate(centers)).to(device=ref.device, dtype=ref.dtype)
-            stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
+            with torch.inference_mode(False):  # a normal tensor even when built under inference_mode: training may reuse it
+                center = torch.from_numpy(np.concatenate(centers)).to(device=ref.device, dtype=ref.dtype)
+                stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
             self._grid_cache[key] = (center, stride)
         return self._grid_cache[key]
 

@@ -65,11 +65,16 @@ class YOLOCB(nn.Module):
         return self.criterion(*self.head.flatten(raw), targets)
 
     @torch.no_grad()
-    def fuse(self) -> YOLOCB:
-        """Fold every BatchNorm into its convolution, in place (for inference); returns self."""
+    def fuse(self, verbose: bool = False) -> YOLOCB:
+        """Fold every BatchNorm into its convolution, in place (for inference); returns self. verbose: log the fused
+        model's summary line (layers, parameters, GFLOPs), as Ultralytics' fuse(verbose=True) does."""
         for module in self.modules():
             if isinstance(module, ConvBNAct):
                 module.fuse()
+        if verbose:
+            from .summary import log_summary
+
+            log_summary(self, suffix=" (fused)")
         return self
 
 

@@ -79,7 +79,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Path:
-    """runs/train/exp -> runs/train/exp2, exp3, ... unless exist_ok; creates the folder."""
+    """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder."""
     path = Path(path)
     if path.exists() and not exist_ok:
         stem = re.sub(r"\d+$", "", path.name) or path.name
@@ -92,12 +92,21 @@ def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Pa
     return path
 
 
+RUNS_DIR = Path("runs")  # where run folders go when project= is empty: runs/<task>/<mode>, as Ultralytics
+
+
+def default_project(args=None) -> Path:
+    """The project folder when project= is empty: runs/detect (runs/<task>)."""
+    return RUNS_DIR / (getattr(args, "task", None) or "detect")
+
+
 def run_dir(args, mode: str) -> Path:
-    """The run directory for `mode` from project=/name=/exist_ok= (runs/<mode>/<name>), created.
+    """The run directory for `mode` from project=/name=/exist_ok= (<project or runs/detect>/<name or mode>), created:
+    runs/detect/train, then train2, train3, ... as Ultralytics names them.
 
     A project= that cannot hold it (a file, read-only, full) raises WriteError naming project= and the reason."""
-    project = Path(args.project) if args.project else Path("runs") / mode
-    wanted = project / (args.name or "exp")
+    project = Path(args.project) if args.project else default_project(args)
+    wanted = project / (args.name or mode)
     try:
         return increment_path(wanted, exist_ok=bool(args.exist_ok))
     except OSError as error:

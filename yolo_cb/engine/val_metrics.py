@@ -1,0 +1,181 @@
+"""What `val()` and `train()` return and `validator.metrics` holds: a mapping of today's metric keys that also has
+Ultralytics' DetMetrics attributes, so that code written for either runs.
+
+    metrics = model.val(data="coco8.yaml")
+    metrics["metrics/mAP50-95(B)"] == metrics.box.map        # the same number: COCO-exact mAP (yolo_cb.metrics)
+    metrics.box.map50, metrics.box.maps, metrics.results_dict, metrics.fitness, metrics.speed, metrics.summary()
+
+Every value is read from the `yolo_cb.metrics.DetMetrics` that computed the mapping; nothing is recomputed here.
+Without it (a DDP run or a finished-run resume, where only the numbers travel), the means and `results_dict` still
+come from the mapping, and the per-class attributes are empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from yolo_cb.metrics import DetMetrics
+
+KEYS = ("metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)")
+CURVES = ("Precision-Recall(B)", "F1-Confidence(B)", "Precision-Confidence(B)", "Recall-Confidence(B)")
+SPEED_KEYS = ("preprocess", "inference", "loss", "postprocess")
+
+
+class BoxMetric:
+    """`metrics.box`: Ultralytics' Metric attributes over the classes that have labels (`ap_class_index`)."""
+
+    def __init__(self, det: DetMetrics | None, values: dict[str, float]):
+        self._det, self._values = det, values
+
+    @property
+    def ap_class_index(self) -> np.ndarray:
+        """Ids of the classes with labels in the validation set; the per-class arrays follow this order."""
+        return self._det.classes_with_gt if self._det is not None else np.zeros(0, dtype=int)
+
+    @property
+    def nc(self) -> int:
+        return self._det.nc if self._det is not None else 0
+
+    def _per_class(self, array: np.ndarray | None) -> np.ndarray:
+        return array[self.ap_class_index] if self._det is not None else np.zeros(0)
+
+    @property
+    def p(self) -> np.ndarray:
+        return self._per_class(self._det.p if self._det is not None else None)
+
+    @property
+    def r(self) -> np.ndarray:
+        return self._per_class(self._det.r if self._det is not None else None)
+
+    @property
+    def f1(self) -> np.ndarray:
+        return self._per_class(self._det.f1 if self._det is not None else None)
+
+    @property
+    def all_ap(self) -> np.ndarray:
+        """(classes with labels, 10): COCO AP at IoU .50, .55, ..., .95."""
+        return self._det.ap[self.ap_class_index] if self._det is not None else np.zeros((0, 10))
+
+    @property
+    def ap50(self) -> np.ndarray:
+        return self.all_ap[:, 0]
+
+    @property
+    def ap(self) -> np.ndarray:
+        """Per class mAP50-95."""
+        return self.all_ap.mean(1)
+
+    @property
+    def mp(self) -> float:
+        return float(self._values.get(KEYS[0], 0.0))
+
+    @property
+    def mr(self) -> float:
+        return float(self._values.get(KEYS[1], 0.0))
+
+    @property
+    def map50(self) -> float:
+        return float(self._values.get(KEYS[2], 0.0))
+
+    @property
+    def map(self) -> float:
+        return float(self._values.get(KEYS[3], 0.0))
+
+    @property
+    def map75(self) -> float:
+        return self._det.map75 if self._det is not None else float("nan")
+
+    @property
+    def maps(self) -> np.ndarray:
+        """mAP50-95 of every class id 0..nc-1; a class without labels gets the overall mAP (as Ultralytics)."""
+        maps = np.full(self.nc, self.map)
+        maps[self.ap_class_index] = self.ap
+        return maps
+
+    def mean_results(self) -> list[float]:
+        return [self.mp, self.mr, self.map50, self.map]
+
+    def class_result(self, i: int) -> tuple[float, float, float, float]:
+        """(P, R, AP50, AP50-95) of the i-th class in `ap_class_index` order."""
+        return float(self.p[i]), float(self.r[i]), float(self.ap50[i]), float(self.ap[i])
+
+    def fitness(self) -> float:
+        return self.map
+
+    @property
+    def curves_results(self) -> list[list]:
+        """[x, y (classes x points), x label, y label] for PR (101 COCO recall points), F1, P and R against confidence."""
+        if self._det is None:
+            return []
+        from yolo_cb.metrics import RECALL_THRESHOLDS
+
+        d, idx = self._det, self.ap_class_index
+        return [[RECALL_THRESHOLDS, d.pr_curves[idx], "Recall", "Precision"], [d.px, d.f1_curve[idx], "Confidence", "F1"],
+                [d.px, d.p_curve[idx], "Confidence", "Precision"], [d.px, d.r_curve[idx], "Confidence", "Recall"]]
+
+
+class DetectionMetrics(dict):
+    """The metrics mapping (metric key -> float, as before) with Ultralytics' DetMetrics attributes; see the module doc."""
+
+    def __init__(self, values: dict[str, float], det: DetMetrics | None = None, speed: dict[str, float] | None = None,
+                 names: dict[int, str] | None = None):
+        super().__init__(values)
+        self.det_metrics = det
+        self.box = BoxMetric(det, self)
+        self.speed = {k: float((speed or {}).get(k, 0.0)) for k in SPEED_KEYS}
+        self.names = dict(names if names is not None else (det.names if det is not None else {}))
+
+    @property
+    def fitness(self) -> float:
+        """The score best.pt is chosen by (mAP50-95), the mapping's 'fitness'."""
+        return float(self.get("fitness", self.box.map))
+
+    @property
+    def results_dict(self) -> dict[str, float]:
+        """Ultralytics' four metric keys and fitness (no losses), as plain floats."""
+        return {**{k: float(self.get(k, 0.0)) for k in KEYS}, "fitness": self.fitness}
+
+    @property
+    def maps(self) -> np.ndarray:
+        return self.box.maps
+
+    @property
+    def ap_class_index(self) -> np.ndarray:
+        return self.box.ap_class_index
+
+    @property
+    def curves(self) -> list[str]:
+        return list(CURVES) if self.det_metrics is not None else []
+
+    @property
+    def curves_results(self) -> list[list]:
+        return self.box.curves_results
+
+    def mean_results(self) -> list[float]:
+        return self.box.mean_results()
+
+    def class_result(self, i: int) -> tuple[float, float, float, float]:
+        return self.box.class_result(i)
+
+    def summary(self, decimals: int = 5) -> list[dict[str, Any]]:
+        """One row per class with labels: Class, Images, Instances, Box-P, Box-R, Box-F1, mAP50, mAP75, mAP50-95 (fractions,
+        rounded to `decimals`). Ultralytics' `normalize=` is not taken: it changes nothing for boxes."""
+        det = self.det_metrics
+        if det is None:
+            return []
+        rows = []
+        for i, c in enumerate(self.ap_class_index):
+            rows.append({"Class": self.names.get(int(c), str(c)), "Images": int(det.n_images[c]), "Instances": int(det.nt[c]),
+                         "Box-P": round(float(self.box.p[i]), decimals), "Box-R": round(float(self.box.r[i]), decimals),
+                         "Box-F1": round(float(self.box.f1[i]), decimals), "mAP50": round(float(self.box.ap50[i]), decimals),
+                         "mAP75": round(float(self.box.all_ap[i, 5]), decimals), "mAP50-95": round(float(self.box.ap[i]), decimals)})
+        return rows
+
+    def __reduce__(self):
+        # pickled (DDP broadcast, multiprocessing) as the numbers and the DetMetrics they came from
+        return (DetectionMetrics, (dict(self), self.det_metrics, self.speed, self.names))
+
+    def __repr__(self) -> str:
+        return f"DetectionMetrics({dict.__repr__(self)})"
