@@ -136,7 +136,8 @@ def read_results(path: Path) -> list[dict]:
 
 @register_callback("checkpoint")
 class Checkpoint:
-    """last.pt every epoch, best.pt when fitness improves, epoch{N}.pt every save_period, top-k best_epoch{N}.pt."""
+    """last.pt every epoch (and every save_steps optimizer steps), best.pt when fitness improves, epoch{N}.pt every
+    save_period, top-k best_epoch{N}.pt."""
 
     def __init__(self):
         self.topk: list[tuple[float, int]] = []  # (fitness, epoch) of the kept top-k files
@@ -153,6 +154,11 @@ class Checkpoint:
         if period > 0 and (trainer.epoch + 1) % period == 0:
             save_checkpoint(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
         self._keep_topk(trainer, ckpt)
+
+    def on_train_batch_end(self, trainer):
+        """save_steps: a mid-epoch last.pt (atomic), from which a resume continues after this batch."""
+        if trainer.save_step_due and trainer.is_main and trainer.args.save:
+            save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
 
     def _keep_topk(self, trainer, ckpt):
         k = trainer.args.save_topk

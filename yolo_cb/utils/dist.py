@@ -48,6 +48,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's object, as a list indexed by rank, on rank `dst` (None elsewhere); [obj] when not distributed."""
+    if not is_distributed():
+        return [obj]
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, gathered, dst=dst)
+    return gathered
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
