@@ -114,6 +114,13 @@ class YOLO:
         resume_ckpt, resume_path = None, None
         if str(kwargs.get("resume")).lower() == "auto":
             kwargs = resolve_auto_resume(kwargs, model=source if model_named else None)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and kwargs.get("resume") in (None, False, "False", "false"):
+            from yolo_cb.utils.dist import rank
+            from yolo_cb.utils.log import LOGGER
+
+            if rank() in (-1, 0):
+                LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
+                               f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
         if kwargs.get("resume") not in (None, False, "False", "false"):
             args, resume_ckpt, resume_path = prepare_resume(kwargs, model=source if model_named else None)
             from yolo_cb.utils.checkpoint import is_finished

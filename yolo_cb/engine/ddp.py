@@ -94,7 +94,7 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float | None) -> list[int]:
-    """Wait for every worker; forward SIGINT/SIGTERM; if one fails, stop the rest (they would hang in a collective)."""
+    """Wait for every worker; forward SIGINT/SIGTERM/SIGUSR1; if one fails, stop the rest (they would hang in a collective)."""
     forwarded = {}
 
     def forward(signum, frame):

@@ -220,10 +220,6 @@ class Trainer:
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self.rank > 0:
             LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if restarts and self.resume_ckpt is None and str(self.args.resume).lower() != "auto" and self.is_main:
-            LOGGER.warning(f"WARNING torchrun restarted the workers (restart {restarts}) but resume={self.args.resume}: training starts "
-                           f"over. Pass resume=auto (with a fixed name=) so that a restart continues from last.pt")
 
     def _agree_on_resume(self) -> None:
         """Under DDP every rank must continue from the same checkpoint: rank 0's (the one that writes them). A rank whose own
