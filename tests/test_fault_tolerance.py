@@ -15,7 +15,6 @@ import torch
 from yolo_cb.engine.ddp import free_port
 from yolo_cb.utils.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 600  # generous: a busy 2-core machine
@@ -50,6 +49,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert not differ, f"{key}: {len(differ)} tensors differ, e.g. {differ[:3]}"
 
 
+@pytest.mark.slow
 def test_resume_auto_job_script_started_three_times_finishes_the_run_once(tmp_path, shapes_small_yaml):
     """A job script with resume=auto: the 1st start gets SIGUSR1 mid-epoch (saves, exits 138: requeue), the 2nd continues
     after the last trained batch and finishes, the 3rd finds the finished run and exits 0 without training."""
@@ -63,6 +63,12 @@ def test_resume_auto_job_script_started_three_times_finishes_the_run_once(tmp_pa
         extra = {"CBPKG_KILL_AT": "0,2", "CBPKG_KILL_SIGNAL": "SIGUSR1"} if i == 0 else {}
         starts.append(subprocess.run(["bash", str(job), *args], cwd=tmp_path, env=env_for(log, PYTHON=sys.executable, **extra),
                                      capture_output=True, text=True, timeout=TIMEOUT))
+        if i == 0:  # the same folder with other settings: refused, nothing touched
+            weights = (project / "job" / "weights" / "last.pt").read_bytes()
+            other = subprocess.run(["bash", str(job), *args, "lr0=0.01"], cwd=tmp_path, env=env_for(log, PYTHON=sys.executable),
+                                   capture_output=True, text=True, timeout=TIMEOUT)
+            assert other.returncode == 2 and "lr0='0.01' (was 0.002)" in other.stderr and "not a run of these settings" in other.stderr, other.stderr[-3000:]
+            assert (project / "job" / "weights" / "last.pt").read_bytes() == weights
     outs = [p.stdout + p.stderr for p in starts]
     assert [p.returncode for p in starts] == [138, 0, 0], "\n=====\n".join(o[-3000:] for o in outs)
     assert "no " in outs[0] and "starting a fresh run" in outs[0] and "SIGUSR1 received" in outs[0] and "requeue after exit 138" in outs[0]
@@ -96,6 +102,7 @@ def two_node_run(tmp_path_factory, shapes_small_yaml):
     return {"codes": [n.returncode for n in nodes], "outs": outs, "log": log, "last": folder / "runs" / "reference" / "weights" / "last.pt"}
 
 
+@pytest.mark.slow
 def test_two_torchrun_nodes_on_loopback_train_together(two_node_run):
     run = two_node_run
     assert run["codes"] == [0, 0], "\n=====\n".join(o[-3000:] for o in run["outs"])
@@ -106,6 +113,7 @@ def test_two_torchrun_nodes_on_loopback_train_together(two_node_run):
     assert load_checkpoint(run["last"])["finished"]
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_worker_under_torchrun_restart_ends_with_the_uninterrupted_weights(tmp_path, shapes_small_yaml, two_node_run):
     """Rank 1 is SIGKILLed after batch 1 of epoch 2 (a save_steps=1 checkpoint was just written); torchrun restarts both
     workers, resume=auto continues after that batch, and the finished run has the uninterrupted run's weights exactly."""
@@ -124,6 +132,29 @@ def test_kill_9_of_a_worker_under_torchrun_restart_ends_with_the_uninterrupted_w
     assert sorted(lines(log, "end")) == ["end 0", "end 1"]
     assert two_node_run["codes"] == [0, 0], "the reference run failed"
     assert_same_weights(tmp_path / "runs" / "elastic" / "weights" / "last.pt", two_node_run["last"])
+
+
+def test_skip_next_draws_the_same_order_and_loads_only_the_rest():
+    from yolo_cb.data.loader import YOLODataLoader
+
+    loaded = []
+
+    class Recording(list):
+        def __getitem__(self, i):
+            loaded.append(i)
+            return i
+
+    loader = YOLODataLoader(Recording(range(10)), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader.base_seed = 7
+    loader.set_epoch(2)
+    full = [b.tolist() for b in loader]
+    loaded.clear()
+    loader.set_epoch(2)
+    loader.skip_next(2)
+    assert [b.tolist() for b in loader] == full[2:]
+    assert loaded == [i for b in full[2:] for i in b]  # the skipped batches were never loaded
+    loader.set_epoch(2)
+    assert [b.tolist() for b in loader] == full  # one iteration only
 
 
 def test_slurm_example_script_parses():
