@@ -215,7 +215,7 @@ class Trainer:
             torch.cuda.set_device(local_rank)
             self.device = torch.device("cuda", local_rank)
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+            distributed.init_process_group("nccl" if use_cuda else "gloo")
             self._owns_process_group = True  # we created it, so we destroy it; a caller's group is left to the caller
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self.rank > 0:
