@@ -77,7 +77,7 @@ def main() -> None:
     rng = random.Random(opt.seed)
     batches_per_epoch = -(-opt.images // 16)
     previous = None  # (kill time, that start's rows)
-    epoch_s = None
+    epoch_s = batch_s = None
     results = []
     for start in range(opt.kills + 1):
         launched = time.time()
@@ -92,7 +92,8 @@ def main() -> None:
             killed_at, killed_rows = previous
             resumed = (rows[0]["epoch"], rows[0]["batch"])
             times = sorted(r["t"] for r in killed_rows)
-            batch_s = (times[-1] - times[0]) / max(1, len(times) - 1)
+            if len(times) > 1:  # a start killed after its first batch keeps the previous estimate
+                batch_s = (times[-1] - times[0]) / (len(times) - 1)
             before = [r["t"] for r in killed_rows if (r["epoch"], r["batch"]) < resumed]
             trained_from = max(before) if before else killed_rows[0]["t"] - batch_s
             results.append({"redone_s": killed_at - trained_from, "restart_s": rows[0]["t"] - launched - batch_s, "batch_s": batch_s,
@@ -108,7 +109,8 @@ def main() -> None:
             while not [r for r in read_clock(clock, launched) if r["epoch"] >= 1] and proc.poll() is None:
                 time.sleep(0.05)
             first_epoch = [r["t"] for r in read_clock(clock, launched) if r["epoch"] == 0]
-            epoch_s = (first_epoch[-1] - first_epoch[0]) * batches_per_epoch / max(1, len(first_epoch) - 1)
+            batch_s = (first_epoch[-1] - first_epoch[0]) / max(1, len(first_epoch) - 1)
+            epoch_s = batch_s * batches_per_epoch
         deadline = time.time() + rng.uniform(0, 2 * epoch_s)  # a moment uniform over two epochs: any phase of the interval
         while time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)
