@@ -23,7 +23,7 @@ __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_setti
 # Per-key type rules. Keys not listed take the type of their default (bool, int, float, str).
 INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
     "epochs": (1, None), "patience": (0, None), "batch": (1, None), "imgsz": (32, None), "save_period": (-1, None),
-    "save_topk": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
+    "save_topk": (0, None), "save_steps": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
     "nbs": (1, None), "no_aug_epochs": (0, None), "max_det": (1, None), "plot_period": (1, None), "opset": (7, None),
     "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "line_width": (1, None),
 }

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
 RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
+                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
                   "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
 
 
@@ -171,6 +171,15 @@ class YOLO:
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         source, model_named = (str(named), True) if named is not None else (self.source, self.model_named)
         resume_ckpt, resume_path = None, None
+        if str(kwargs.get("resume")).lower() == "auto":
+            kwargs = resolve_auto_resume(kwargs, model=source if model_named else None)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and kwargs.get("resume") in (None, False, "False", "false"):
+            from yolo_cb.utils.dist import rank
+            from yolo_cb.utils.log import LOGGER
+
+            if rank() in (-1, 0):
+                LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
+                               f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
         if kwargs.get("resume") not in (None, False, "False", "false"):
             args, resume_ckpt, resume_path = prepare_resume(kwargs, model=source if model_named else None)
             from yolo_cb.engine.checkpoint import is_finished
@@ -311,6 +320,32 @@ def find_last_checkpoint(project: str | None) -> Path:
     if not candidates:
         raise FileNotFoundError(f"resume=True: no last.pt found under {root}/*/weights/; pass resume=path/to/last.pt")
     return candidates[-1]
+
+
+def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
+    same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
+    so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
+    from yolo_cb.engine.checkpoint import is_finished
+    from yolo_cb.utils.dist import rank
+    from yolo_cb.utils.files import default_project
+    from yolo_cb.utils.log import LOGGER
+
+    settings = get_config({**overrides, "resume": False, "mode": "train"})
+    folder = (Path(settings.project) if settings.project else default_project(settings)) / (settings.name or "train")
+    last = folder / "weights" / "last.pt"
+    say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
+    if not last.is_file():
+        say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
+        return {**overrides, "resume": False, "exist_ok": True}
+    try:
+        _, ckpt, _ = prepare_resume({**overrides, "resume": str(last)}, model=model)
+    except ConfigError as error:
+        raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
+                          f"Use another name= for a new run, or the settings it was started with") from None
+    if not is_finished(ckpt):
+        say(f"resume=auto: continuing the run in {folder} from {last}")
+    return {**overrides, "resume": str(last)}
 
 
 def prepare_resume(overrides: dict[str, Any], model: str | None = None):

@@ -112,3 +112,29 @@ class FixedLR:
     def on_pretrain_routine_end(self, trainer):
         for group in trainer.optimizer.param_groups:
             group["lr"] = self.lr
+
+
+class FaultProbe:
+    """For the fault-tolerance tests; logs to $CBPKG_LOG one line per event:
+    'start <node> <rank> <world> <start_epoch> <restart>' (on_train_start, node from $CBPKG_NODE, restart from torchrun),
+    'batch <rank> <epoch>,<batch>' (after every batch) and 'end <rank>' (on_train_end).
+    With $CBPKG_KILL_AT='epoch,batch' it sends its own process $CBPKG_KILL_SIGNAL (default SIGKILL) after that batch, on
+    rank $CBPKG_KILL_RANK (default: any), and only in a first start (never after a torchrun restart)."""
+
+    def _log(self, line: str) -> None:
+        with open(_log_path(), "a") as f:
+            f.write(line + "\n")
+
+    def on_train_start(self, trainer):
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "-")
+        self._log(f"start {os.environ.get('CBPKG_NODE', '-')} {trainer.rank} {trainer.world_size} {trainer.start_epoch} {restart}")
+
+    def on_train_batch_end(self, trainer):
+        self._log(f"batch {trainer.rank} {trainer.epoch},{trainer.batch_i}")
+        kill_at, kill_rank = os.environ.get("CBPKG_KILL_AT"), os.environ.get("CBPKG_KILL_RANK")
+        first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if kill_at == f"{trainer.epoch},{trainer.batch_i}" and first_start and kill_rank in (None, str(trainer.rank)):
+            os.kill(os.getpid(), getattr(signal, os.environ.get("CBPKG_KILL_SIGNAL", "SIGKILL")))
+
+    def on_train_end(self, trainer):
+        self._log(f"end {trainer.rank}")

@@ -137,8 +137,9 @@ def read_results(path: Path) -> list[dict]:
 
 @register_callback("checkpoint")
 class Checkpoint:
-    """last.pt every epoch, best.pt when the monitored metric improves, epoch{N}.pt every save_period and after each epoch
-    of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt before the first epoch (save_initial)."""
+    """last.pt every epoch (and every save_steps optimizer steps), best.pt when the monitored metric improves, epoch{N}.pt
+    every save_period and after each epoch of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt
+    before the first epoch (save_initial)."""
 
     # their on_model_save updates the state (the epoch's results row, the best fitness) that the checkpoint stores
     runs_after = ("results_csv", "early_stopping")
@@ -162,6 +163,11 @@ class Checkpoint:
         if (period > 0 and (trainer.epoch + 1) % period == 0) or trainer.epoch + 1 in (trainer.args.save_epochs or ()):
             save_checkpoint(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
         self._keep_topk(trainer, ckpt)
+
+    def on_train_batch_end(self, trainer):
+        """save_steps: a mid-epoch last.pt (atomic), from which a resume continues after this batch."""
+        if trainer.save_step_due and trainer.is_main and trainer.args.save:
+            save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
 
     def _keep_topk(self, trainer, ckpt):
         k = trainer.args.save_topk

@@ -64,6 +64,11 @@ class YOLODataLoader(DataLoader):
         if self.generator is not None and hasattr(self, "base_seed"):
             self.generator.manual_seed(self.base_seed + epoch)
 
+    def skip_next(self, batches: int) -> None:
+        """The next iteration (only) starts after `batches` batches: their indices are drawn, in the same order as
+        without the skip, but nothing is loaded (a mid-epoch resume). Call it after ``set_epoch``."""
+        self.batch_sampler.sampler = _SkipFirst(self.batch_sampler, batches * self.batch_size)
+
     def close_mosaic(self) -> None:
         """Switch off mosaic/mixup/affine; the next ``iter(loader)`` starts fresh workers that see it."""
         self.dataset.close_mosaic()
@@ -74,6 +79,23 @@ class YOLODataLoader(DataLoader):
         iterator, self._iterator = self._iterator, None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+class _SkipFirst(torch.utils.data.Sampler):
+    """Wraps a batch sampler's sampler for one iteration: drops its first `count` indices, then puts the original back."""
+
+    def __init__(self, batch_sampler, count: int):
+        self.batch_sampler, self.inner, self.count = batch_sampler, batch_sampler.sampler, count
+
+    def __iter__(self):
+        self.batch_sampler.sampler = self.inner
+        indices = iter(self.inner)
+        for _ in range(self.count):
+            next(indices, None)
+        yield from indices
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
 
 def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank: int = -1, seed: int = 0,

@@ -22,6 +22,13 @@ from typing import Any
 from yolo_cb.utils.log import LOGGER
 
 
+def _signal_exits() -> dict:
+    """{signal: a worker's exit code after it} for the signals passed on to the workers (the trainer's SIGNAL_EXIT)."""
+    from yolo_cb.engine.trainer import SIGNAL_EXIT
+
+    return SIGNAL_EXIT
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -75,9 +82,9 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
     try:
         failed = [(r, c) for r, c in enumerate(codes) if c != 0]
         if failed:
-            interrupted = [c for _, c in failed if c in (130, 143)]
+            interrupted = [c for _, c in failed if c in _signal_exits().values()]
             if interrupted:
-                raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(143)
+                raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(interrupted[0])
             raise RuntimeError(f"DDP training failed: worker exit codes {codes} (rank, code): {failed}; see the worker output above")
         return json.loads(result.read_text())
     finally:
@@ -87,7 +94,7 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float | None) -> list[int]:
-    """Wait for every worker; forward SIGINT/SIGTERM; if one fails, stop the rest (they would hang in a collective)."""
+    """Wait for every worker; forward SIGINT/SIGTERM/SIGUSR1; if one fails, stop the rest (they would hang in a collective)."""
     forwarded = {}
 
     def forward(signum, frame):
@@ -95,12 +102,12 @@ def _wait(procs: list[subprocess.Popen], timeout: float | None) -> list[int]:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _signal_exits():
         forwarded[sig] = signal.signal(sig, forward)
     deadline = time.time() + timeout if timeout else None
     try:
         while any(p.poll() is None for p in procs):
-            bad = [p for p in procs if p.poll() not in (None, 0, 130, 143)]
+            bad = [p for p in procs if p.poll() not in (None, 0, *_signal_exits().values())]
             if bad or (deadline and time.time() > deadline):
                 time.sleep(5)  # give the others a moment to fail on their own with a clearer message
                 for p in procs:

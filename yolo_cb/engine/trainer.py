@@ -45,7 +45,8 @@ from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV, restore_process_state, save_process_state
 
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# exit codes after a signal (last.pt saved first); 143 and 138 tell a job script to requeue (docs/distributed.md)
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, **({signal.SIGUSR1: 138} if hasattr(signal, "SIGUSR1") else {})}
 STALE_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")  # atomic writes' temp files (.last.pt.<random>.tmp) a kill left behind
 
 
@@ -59,10 +60,10 @@ class Trainer:
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
     metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer,
     criterion, train_loader, test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message),
-    exception, data, device, rank, world_size, frozen, lr_schedule; and, as Ultralytics names them, best, last,
-    plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends the run with
-    `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule callback's
-    (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
+    exception, data, device, rank, world_size, frozen, lr_schedule, batches_done, optimizer_steps, save_step_due; and,
+    as Ultralytics names them, best, last, plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends
+    the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule
+    callback's (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -107,6 +108,13 @@ class Trainer:
         self.completed_epoch = -1  # last epoch whose batches all ran (what a checkpoint's `epoch` means)
         self.best_epoch: int | None = None  # the epoch whose weights best.pt holds (recorded in every checkpoint)
         self._stepped = False  # an optimizer step since the last completed epoch: weights are no longer that epoch's
+        self.batches_done = 0  # batches of the current epoch trained so far (a mid-epoch checkpoint's position)
+        self.optimizer_steps = 0  # optimizer steps since the run began (save_steps counts these)
+        self.save_step_due = False  # set after the batch whose optimizer step is a multiple of save_steps: the checkpoint callback writes last.pt
+        self._skip_batches = 0  # on a mid-epoch resume: batches of the first epoch already trained
+        self._resume_tloss = self._resume_grads = None  # on a mid-epoch resume: that epoch's mean losses and accumulated gradients
+        self._rank_rng: list | None = None  # under DDP: every rank's RNG states, gathered on rank 0 just before a checkpoint
+        self._signal_agreed = False  # every rank knows of the signal and stopped at the same batch: a save there is exact
         self._loop_done = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
         self._data_fingerprint: dict | None = None
         self._signal: int | None = None
@@ -233,6 +241,7 @@ class Trainer:
         self._setup_distributed()
         if self.world_size == 1:
             self.device = select_device(args.device)
+        self._agree_on_resume()
         self._make_save_dir()
         self.run_callbacks("on_pretrain_routine_start")
         self._seed(args.seed + max(self.rank, 0), args.deterministic)
@@ -274,11 +283,26 @@ class Trainer:
             torch.cuda.set_device(local_rank)
             self.device = torch.device("cuda", local_rank)
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+            distributed.init_process_group("nccl" if use_cuda else "gloo")
             self._owns_process_group = True  # we created it, so we destroy it; a caller's group is left to the caller
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self.rank > 0:
             LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
+
+    def _agree_on_resume(self) -> None:
+        """Under DDP every rank must continue from the same checkpoint: rank 0's (the one that writes them). A rank whose own
+        copy differs or is missing (a per-node disk, a stale copy) receives rank 0's over the process group."""
+        if self.world_size <= 1:
+            return
+        mine = resume_position(self.resume_ckpt)
+        rank0 = distributed.broadcast_object(mine)
+        if not distributed.any_rank(mine != rank0, self._flag_device):
+            return
+        received = distributed.broadcast_object(self.resume_ckpt if self.rank == 0 else None)
+        if mine != rank0:
+            LOGGER.warning(f"WARNING rank {self.rank}: its own checkpoint ({mine or 'none'}) is not rank 0's ({rank0 or 'none: a fresh run'}); "
+                           f"using rank 0's, received over the process group")
+            self.resume_ckpt = received
 
     def _teardown_distributed(self, clean_exit: bool) -> None:
         """Leave DDP so that no rank exits while another still talks to it, and destroy the group exactly once.
@@ -479,12 +503,24 @@ class Trainer:
         freeze_bn_stats(unwrap(self.model), self.frozen)  # frozen layers' BatchNorm keeps its running statistics
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
         self.train_loader.set_epoch(self.epoch)
-        self.tloss = None
         self.optimizer.zero_grad(set_to_none=True)
-        for batch_i, batch in enumerate(self.train_loader):
+        skip, self._skip_batches, self.tloss = self._skip_batches, 0, None
+        if skip:  # a mid-epoch resume: the batches already trained are skipped (their indices drawn, nothing loaded)
+            self.train_loader.skip_next(skip)
+            self.tloss, self._resume_tloss = self._resume_tloss, None
+            self._restore_grads()
+        self.batches_done = skip
+        for batch_i, batch in enumerate(self.train_loader, start=skip):
             self.batch_i, self.batch = batch_i, batch
+            steps = self.optimizer_steps
             self._train_batch()
+            self.batches_done = batch_i + 1
+            n = self.args.save_steps
+            self.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
+            if self.save_step_due:
+                self._gather_rank_rng()
             self.run_callbacks("on_train_batch_end")
+            self.save_step_due = False
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
                 self.request_stop(StopCause.TIME_LIMIT, f"time limit of {self.args.time} h reached")
             if self._agree_to_stop():
@@ -522,6 +558,7 @@ class Trainer:
     def _agree_to_stop(self) -> bool:
         """Combine trainer.stop and any received signal over all ranks (one all-reduce), so every rank stops together."""
         stop, signum = distributed.max_over_ranks([self.stop, self._signal or 0], self._flag_device)
+        self._signal_agreed = self._signal_agreed or bool(signum)
         if signum and self._signal is None:
             self._signal = signum
             self.stop_cause = self.stop_cause or StopCause.SIGNAL
@@ -550,6 +587,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._stepped = True
+        self.optimizer_steps += 1
         self.run_callbacks("optimizer_step")
         self.run_callbacks("on_before_zero_grad")
         self.optimizer.zero_grad(set_to_none=True)
@@ -582,14 +620,20 @@ class Trainer:
             self.improved = True  # nothing validated yet: best.pt follows last.pt
         if self.improved:
             self.best_epoch = self.epoch
+        self._gather_rank_rng()
         self.run_callbacks("on_model_save")
 
-    def checkpoint_dict(self, epoch: int | None = None) -> dict:
-        """The plain-data checkpoint (see DESIGN.md): loadable with torch.load(weights_only=True)."""
+    def checkpoint_dict(self, epoch: int | None = None, batches_done: int | None = None) -> dict:
+        """The plain-data checkpoint (see DESIGN.md): loadable with torch.load(weights_only=True).
+
+        `epoch` is the last completed epoch; mid-epoch (a save_steps or signal save) `epoch_batches` says how many batches
+        of the next one are trained, with what resuming there needs: that epoch's mean losses, accumulated gradients, and
+        every rank's RNG states under DDP (gathered on rank 0 just before)."""
         from yolo_cb import __version__
 
         model = unwrap(self.model)
-        epoch = self.epoch if epoch is None else epoch
+        epoch = self.completed_epoch if epoch is None else epoch
+        batches_done = (self.batches_done if self.completed_epoch < self.epoch else 0) if batches_done is None else batches_done
         return {
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "ema": {k: v.detach().clone() for k, v in self.ema.ema.state_dict().items()} if self.ema else None,
@@ -612,6 +656,12 @@ class Trainer:
             "names": {int(k): str(v) for k, v in self.data["names"].items()},
             "callbacks": self.callbacks.state_dict(),
             "rng": rng_states(),
+            "rank_rng": self._rank_rng if self.world_size > 1 else None,
+            "epoch_batches": batches_done,
+            "world_size": self.world_size,
+            "optimizer_steps": self.optimizer_steps,
+            "tloss": self.tloss.tolist() if batches_done and self.tloss is not None else None,
+            "grads": self._partial_grads() if batches_done else None,
             "use_l1": bool(getattr(self.criterion, "use_l1", False)),
             "metrics": {k: float(v) for k, v in self.metrics.items()},
             "metrics_epoch": self.metrics_epoch,
@@ -627,11 +677,20 @@ class Trainer:
         return self._data_fingerprint
 
     def _save_on_error(self) -> None:
-        """On an exception or signal: save last.pt with the current weights (epoch = last completed one)."""
+        """On an exception or signal: save last.pt with the current weights (epoch = last completed one).
+
+        After a signal every rank agreed on, the loop stopped after a whole batch: the save records that batch, and a resume
+        continues exactly there. Under DDP nothing else is saved: after a failure (a rank killed, a collective broken) the
+        ranks are no longer in step, so last.pt keeps the last checkpoint they all reached."""
         if not (self.setup_done and self.is_main and self.args.save) or self._loop_done:
             return  # after the last epoch, last.pt is already the final checkpoint
+        if self.world_size > 1 and not self._signal_agreed:
+            LOGGER.warning(f"WARNING not saving last.pt after {type(self.exception).__name__}: the ranks are no longer in step; "
+                           f"it keeps the last checkpoint every rank reached")
+            return
+        batches = self.batches_done if self._signal_agreed and self.completed_epoch < self.epoch else 0
         try:
-            save_checkpoint(self.checkpoint_dict(epoch=self.completed_epoch), self.wdir / "last.pt")
+            save_checkpoint(self.checkpoint_dict(epoch=self.completed_epoch, batches_done=batches), self.wdir / "last.pt")
             LOGGER.info(f"saved {self.wdir / 'last.pt'} (resume with: yolo-cb train resume={self.wdir / 'last.pt'})")
         except Exception as error:  # the original error matters more than this one
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
@@ -682,13 +741,63 @@ class Trainer:
             self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
         self.last_opt_step = int(ckpt.get("last_opt_step", self.start_epoch * self.num_batches - 1))
         self.callbacks.load_state_dict(ckpt.get("callbacks") or {})
-        if ckpt.get("rng") and self.world_size == 1:
-            set_rng_states(ckpt["rng"])
+        self._restore_rng(ckpt)
+        self.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
+        self._skip_batches = self._resume_batches(ckpt)
+        self.epoch, self.batches_done = min(self.start_epoch, self.epochs - 1), self._skip_batches  # where a save before the loop resumes
+        if self._skip_batches:
+            self._stepped = True
+            self._resume_tloss = torch.tensor(ckpt["tloss"]) if ckpt.get("tloss") is not None else None
+            self._resume_grads = ckpt.get("grads")
         check_same_dataset(ckpt, self.data_fingerprint(), self.args.resume)
         if self.start_epoch >= self.epochs:  # killed after the last epoch was saved, before the run ended
             LOGGER.info(f"all {self.epochs} epochs are trained; finishing the run (final validation of best.pt)")
+        elif self._skip_batches:
+            LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}, after batch {self._skip_batches} of {self.num_batches}")
         else:
             LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}")
+
+    def _resume_batches(self, ckpt: dict) -> int:
+        """Batches of the resumed epoch already trained. Saved with another number of ranks or batch size, the epoch
+        continues after about as many images (the shards differ, so not exactly the same images)."""
+        done = int(ckpt.get("epoch_batches") or 0)
+        old_world, old_batch = int(ckpt.get("world_size") or 1), int((ckpt.get("train_args") or {}).get("batch") or self.args.batch)
+        if not done or (old_world, old_batch) == (self.world_size, self.args.batch):
+            return done
+        images = done * old_batch * old_world
+        batches = min(self.num_batches, images // (self.args.batch * self.world_size))
+        LOGGER.warning(f"WARNING the checkpoint is from {old_world} rank(s) with batch={old_batch}, {done} batches into its epoch ({images} "
+                       f"images); now {self.world_size} rank(s) with batch={self.args.batch}: that epoch continues after batch {batches}")
+        return batches
+
+    def _restore_rng(self, ckpt: dict) -> None:
+        """Single process: the checkpoint's RNG states. DDP: each rank its own (rank 0 gathered them); with another number of
+        ranks than saved, the ranks keep their fresh seeds (seed + rank): the run continues, not bit-exactly."""
+        per_rank = ckpt.get("rank_rng")
+        if self.world_size == 1 and ckpt.get("rng"):
+            set_rng_states(ckpt["rng"])
+        elif per_rank and len(per_rank) == self.world_size:
+            set_rng_states(per_rank[self.rank])
+        elif self.world_size > 1:
+            saved = f"saved with {len(per_rank)} ranks" if per_rank else "saved without per-rank RNG states"
+            LOGGER.warning(f"WARNING the checkpoint was {saved}; now {self.world_size}: each rank re-seeds (seed + rank), "
+                           f"so the resumed run continues but does not repeat the uninterrupted one exactly")
+
+    def _gather_rank_rng(self) -> None:
+        """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""
+        if self.world_size > 1:
+            self._rank_rng = distributed.gather_object(rng_states())
+
+    def _partial_grads(self) -> dict | None:
+        """Gradients accumulated towards the next optimizer step (None when there are none, as right after a step)."""
+        grads = {name: p.grad.detach().clone() for name, p in unwrap(self.model).named_parameters() if p.grad is not None}
+        return grads or None
+
+    def _restore_grads(self) -> None:
+        grads, self._resume_grads = self._resume_grads, None
+        for name, p in unwrap(self.model).named_parameters():
+            if grads and name in grads:
+                p.grad = grads[name].to(p.device)
 
     # --- signals and summaries ------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -708,7 +817,9 @@ class Trainer:
         return previous
 
     def _raise_on_signal(self) -> None:
-        """After a SIGINT/SIGTERM: leave the loop as an interrupt (exit 130 / 143 on the CLI)."""
+        """After a SIGINT/SIGTERM/SIGUSR1: leave the loop as an interrupt (exit 130 / 143 / 138 on the CLI)."""
+        if self._signal is not None and self._signal_agreed and not self._loop_done:
+            self._gather_rank_rng()  # every rank is here (they agreed to stop at the same batch): the save that follows is exact
         if self._signal is not None:
             raise KeyboardInterrupt if self._signal == signal.SIGINT else SystemExit(SIGNAL_EXIT[self._signal])
 
@@ -735,6 +846,13 @@ def refuse_yolox_loss_settings(args: Config, loss_name: str) -> None:
         if getattr(args, key) != defaults[key]:
             raise ConfigError(f"invalid value for '{key}': {getattr(args, key)!r}; it sets the YOLOX loss, and this model trains with "
                               f"{loss_name} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a yolox-* model")
+
+
+def resume_position(ckpt: dict | None) -> str | None:
+    """Where a checkpoint resumes ("epoch 3, batch 40, step 1234"), to compare ranks' checkpoints; None for a fresh run."""
+    if ckpt is None:
+        return None
+    return f"epoch {int(ckpt['epoch']) + 2}, batch {int(ckpt.get('epoch_batches') or 0)}, step {int(ckpt.get('optimizer_steps', 0))}, {ckpt.get('date')}"
 
 
 def remove_stale_temp_files(*folders: Path) -> None:

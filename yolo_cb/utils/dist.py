@@ -48,6 +48,29 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's object, as a list indexed by rank, on rank `dst` (None elsewhere); [obj] when not distributed."""
+    if not is_distributed():
+        return [obj]
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, gathered, dst=dst)
+    return gathered
+
+
+def init_process_group(backend: str) -> None:
+    """Join the process group torchrun (or yolo-cb's launcher) describes in the environment.
+
+    After a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) the workers get the same store as the attempt that
+    failed, which still holds that attempt's keys: a rank could read a dead rank's address and fail to connect
+    ("Connection refused"). Each attempt's keys therefore go under their own prefix."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0":
+        dist.init_process_group(backend)
+        return
+    store, rank_, world = next(dist.rendezvous("env://"))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"yolo_cb/attempt_{attempt}", store), rank=rank_, world_size=world)
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
