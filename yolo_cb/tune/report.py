@@ -21,6 +21,7 @@ CSV_NAME = "trials.csv"
 BEST_NAME = "best_hyperparameters.yaml"
 PLOTS = ("tune_history.png", "tune_importance.png", "tune_parallel.png")
 DONE_STATES = ("COMPLETE", "PRUNED", "FAIL")
+METRIC_COLUMNS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")  # best.pt's validation at the trial's end, beside its fitness
 
 
 def state(trial) -> str:
@@ -63,10 +64,12 @@ def write_csv(study, path: Path) -> Path:
     names = sorted({k for t in trials for k in t.params})
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["number", "state", "fitness", "epochs", "duration_s", *names, "run_dir", "error"])
+    writer.writerow(["number", "state", "fitness", *(k.split("/")[-1] for k in METRIC_COLUMNS), "epochs", "duration_s", *names, "run_dir", "error"])
     for t in trials:
         seconds = round(t.duration.total_seconds(), 2) if t.duration else ""
-        writer.writerow([t.number, state(t), "" if t.value is None else t.value, t.user_attrs.get("epochs", ""), seconds,
+        metrics = t.user_attrs.get("metrics") or {}
+        writer.writerow([t.number, state(t), "" if t.value is None else t.value, *(metrics.get(k, "") for k in METRIC_COLUMNS),
+                         t.user_attrs.get("epochs", ""), seconds,
                          *[t.params.get(k, "") for k in names], t.user_attrs.get("run_dir", ""), t.user_attrs.get("error", "")])
     atomic_write_text(path, out.getvalue())
     return path

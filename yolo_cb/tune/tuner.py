@@ -105,20 +105,19 @@ class Tuner:
             raise ConfigError("tune needs val=True: each trial is scored by validating it")
 
     def _space(self, record: dict | None):
-        """(params, baseline values): the checked search space, and trial 0's values (the settings as given, clipped)."""
+        """(params, baseline values): the checked search space, and trial 0's values (the settings as given, clipped).
+
+        A given space is checked before the dataset, the dataset before any trial (a bad one would fail every trial)."""
         args = self.args
         space = record["space"] if record else (args.space if args.space not in (None, "", {}) else None)
-        params = parse_space(space) if space is not None else None  # a given space is checked before any data is looked at
+        params = self._checked(parse_space(space)) if space is not None else None
+        iterations = self._iterations_per_trial()
         optimizer, lr0, momentum = args.optimizer, args.lr0, args.momentum
         if optimizer == "auto" and (params is None or any(p.name in ("lr0", "momentum") for p in params)):
             from yolo_cb.engine.optim import resolve_optimizer  # auto ignores lr0 and momentum: resolve it as the trainer would
 
-            optimizer, lr0, momentum = resolve_optimizer("auto", lr0, momentum, self._iterations_per_trial())
-        params = params if params is not None else parse_space(default_space(args.epochs, optimizer))
-        fixed_and_tuned = sorted(p.name for p in params if p.name in self.base)
-        if fixed_and_tuned:
-            raise ConfigError(f"{', '.join(f'{k}={self.base[k]!r}' for k in fixed_and_tuned)}: both given as a setting and in the search space; "
-                              f"drop one (a setting fixes the value for every trial, the space samples it)")
+            optimizer, lr0, momentum = resolve_optimizer("auto", lr0, momentum, iterations)
+        params = params if params is not None else self._checked(parse_space(default_space(args.epochs, optimizer)))
         if optimizer != args.optimizer and all(p.name != "optimizer" for p in params):
             self.base["optimizer"] = optimizer
             LOGGER.info(f"tune: optimizer=auto would ignore the sampled lr0/momentum; every trial uses optimizer={optimizer} "
@@ -127,11 +126,19 @@ class Tuner:
         baseline = {p.name: p.clip(current[p.name]) for p in params if current.get(p.name) is not None}
         return params, baseline
 
+    def _checked(self, params: list) -> list:
+        both = sorted(p.name for p in params if p.name in self.base)
+        if both:
+            raise ConfigError(f"{', '.join(f'{k}={self.base[k]!r}' for k in both)}: both given as a setting and in the search space; "
+                              f"drop one (a setting fixes the value for every trial, the space samples it)")
+        return params
+
     def _iterations_per_trial(self) -> int:
+        """Iterations of one trial as optimizer=auto counts them (the dataset is checked on the way)."""
         from yolo_cb.data.resolve import check_data
         from yolo_cb.utils.checkpoint import dataset_fingerprint
 
-        data = check_data(self.args.data or "shapes.yaml", self.args.datasets_dir)  # a bad dataset fails here, before any trial
+        data = check_data(self.args.data or "shapes.yaml", self.args.datasets_dir)
         images = max(1, round(dataset_fingerprint(data)["train_images"] * self.args.fraction))
         return math.ceil(images / max(self.args.batch, self.args.nbs)) * self.args.epochs
 
@@ -224,7 +231,8 @@ class Tuner:
                 study, how = optuna.create_study(study_name=self.study_name, storage=storage, direction="maximize", pruner=self._pruner()), "created"
             except optuna.exceptions.DuplicatedStudyError:
                 if not self.args.storage:
-                    raise
+                    raise ConfigError(f"{self.tune_dir} already holds the study '{self.study_name}' (exist_ok=True reused the folder): continue "
+                                      f"it with resume={self.tune_dir}, or start a new one with another name=") from None
                 study, how = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self._pruner()), "joined"  # scale-out
         if study.direction != optuna.study.StudyDirection.MAXIMIZE:
             raise ConfigError(f"study '{self.study_name}' in {self.storage_url} minimises; a yolo-cb tune maximises {MONITOR}")
@@ -317,6 +325,7 @@ class Tuner:
             trial.set_user_attr("epochs", trainer.completed_epoch + 1 if trainer is not None else 0)
             if trainer is not None and trainer.stop_reason:
                 trial.set_user_attr("stop_reason", trainer.stop_reason)
+        trial.set_user_attr("metrics", {k: float(v) for k, v in metrics.items() if k.startswith("metrics/")})  # best.pt's validation
         if reporter.pruned_epoch is not None:
             raise self.optuna.TrialPruned(reporter.reason)
         return float(metrics[MONITOR])
