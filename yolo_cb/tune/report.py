@@ -84,7 +84,7 @@ def write_best(study, path: Path, fixed: dict[str, Any]) -> Path | None:
     settings = {**fixed, **best.params}
     header = (f"# best trial {best.number} of study '{study.study_name}': fitness {best.value:.6g} "
               f"after {best.user_attrs.get('epochs', '?')} epochs ({best.user_attrs.get('run_dir', '')})\n"
-              f"# train with these settings: yolo-cb train cfg={path.name} data=... epochs=...\n")
+              f"# train with these settings: yolo-cb train cfg={path} data=... epochs=...\n")
     atomic_write_text(path, header + yaml.safe_dump(settings, sort_keys=False))
     return path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -206,9 +207,15 @@ class Tuner:
     # --- the study ----------------------------------------------------------------------------
     def _storage(self):
         url = self.storage_url
-        if url.startswith("sqlite:"):  # several processes on one file: wait for the lock instead of failing at once
-            return self.optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
-        return url
+        if not url.startswith("sqlite:"):
+            return url
+        for attempt in range(3):  # several processes on one new file may race to create its tables: the loser tries again
+            try:  # and each waits for the file's lock instead of failing at once
+                return self.optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
+            except Exception as error:
+                if attempt == 2 or "locked" not in str(error) and "already exists" not in str(error):
+                    raise
+                time.sleep(1.0 + attempt)
 
     def _pruner(self):
         if self.pruner_object is not None:
