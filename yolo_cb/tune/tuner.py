@@ -357,7 +357,7 @@ class Tuner:
                    "trials": counts, "best_trial": best.number if best else None, "best_fitness": best.value if best else None,
                    "best_hyperparameters": {**self.fixed, **best.params} if best else None}
         if best is None:
-            LOGGER.warning(f"tune: no trial completed ({counts}); see {self.tune_dir / report.CSV_NAME} for the errors")
+            LOGGER.warning(f"tune: no trial completed ({counts['PRUNED']} pruned, {counts['FAIL']} failed); see {self.tune_dir / report.CSV_NAME}")
         else:
             LOGGER.info(f"tune done: best trial {best.number} fitness {best.value:.4g} ({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, "
                         f"{counts['FAIL']} failed); train with: yolo-cb train cfg={self.tune_dir / report.BEST_NAME} data=...")
