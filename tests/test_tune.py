@@ -24,7 +24,7 @@ from yolo_cb.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=1, workers=0, tensorboard=False, onnx_check=False, plots=False,
-             optimizer="AdamW", mosaic=0.0, no_aug_epochs=0, warmup_epochs=0.0)
+             optimizer="AdamW", mosaic=0.0, no_aug_epochs=0, warmup_epochs=0.0, fraction=0.25)  # one batch of 8 images per epoch
 SPACE = {"lr0": [1.0e-4, 1.0e-2, "log"], "box": [1.0, 10.0], "fliplr": {"choices": [0.0, 0.5]}}
 
 
@@ -130,7 +130,7 @@ def test_best_hyperparameters_train_via_cfg(cli_tune, shapes_small_yaml, tmp_pat
     best_file = folder / "best_hyperparameters.yaml"
     best = yaml.safe_load(best_file.read_text())
     YOLO("yolox-nano.yaml").train(cfg=str(best_file), data=str(shapes_small_yaml), imgsz=64, batch=8, epochs=1, workers=0, mlflow=False,
-                                  tensorboard=False, onnx_check=False, plots=False, project=str(tmp_path), name="best")
+                                  tensorboard=False, onnx_check=False, plots=False, fraction=0.25, project=str(tmp_path), name="best")
     args = yaml.safe_load((tmp_path / "best" / "args.yaml").read_text())
     for key, value in best.items():
         assert args[key] == pytest.approx(value) if isinstance(value, float) else args[key] == value, key
@@ -160,7 +160,7 @@ def test_two_processes_share_one_sqlite_study(tmp_path, shapes_small_yaml):
     import optuna
 
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    settings = {**TRIAL, "data": str(shapes_small_yaml), "iterations": 3, "pruner": "none", "space": SPACE, "mlflow": False,
+    settings = {**TRIAL, "data": str(shapes_small_yaml), "iterations": 2, "pruner": "none", "space": SPACE, "mlflow": False,
                 "storage": storage, "name": "shared", "callbacks": "on_train_start=cbpkg.tune_helpers:wait_for_peer"}
     procs = [tune_cli(tmp_path, {**settings, "project": str(tmp_path / f"worker{i}"), "seed": i}, TUNE_PEER_STORAGE=storage,
                       TUNE_PEER_STUDY="shared") for i in (1, 2)]
@@ -168,7 +168,7 @@ def test_two_processes_share_one_sqlite_study(tmp_path, shapes_small_yaml):
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     study = optuna.load_study(study_name="shared", storage=storage)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) >= 3 and len({t.number for t in done}) == len(done)
+    assert len(done) >= 2 and len({t.number for t in done}) == len(done)
     workers = {Path(t.user_attrs["run_dir"]).parents[2].name for t in done}  # <project>/shared/trials/trial_<n>
     assert workers == {"worker1", "worker2"}, [t.user_attrs["run_dir"] for t in done]
     for t in done:

@@ -25,9 +25,9 @@ def wait_for_peer(trainer):
     _waited = True
     import optuna
 
+    study = optuna.load_study(study_name=os.environ["TUNE_PEER_STUDY"], storage=os.environ["TUNE_PEER_STORAGE"])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        study = optuna.load_study(study_name=os.environ["TUNE_PEER_STUDY"], storage=os.environ["TUNE_PEER_STORAGE"])
         if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))) >= 2:
             return
-        time.sleep(0.2)
+        time.sleep(0.5)

@@ -9,6 +9,7 @@ import csv
 import io
 import math
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,9 @@ def _importance(study, path: Path, params) -> bool:
     if len(completed(study)) < 2:
         LOGGER.info(f"tune: {path.name} needs at least 2 complete trials; not drawn")
         return False
-    importances = get_param_importances(study)
+    with warnings.catch_warnings():  # few trials: Optuna warns that the importances come out equal, as the plot then shows
+        warnings.simplefilter("ignore")
+        importances = get_param_importances(study)
     if not importances:
         return False
     names = list(importances)[::-1]
