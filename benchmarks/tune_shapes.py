@@ -1,6 +1,7 @@
 """A short tune on shapes, and the best trial against the default settings at the same epochs, side by side.
 
-    python benchmarks/tune_shapes.py [--iterations 8] [--epochs 5] [--imgsz 128] [--fraction 1.0] [--out /tmp/tune_shapes]
+    python benchmarks/tune_shapes.py [--iterations 8] [--epochs 5] [--imgsz 128] [--train-images 512] [--val-images 128]
+                                     [--out /tmp/tune_shapes]
 
 1. `YOLO("yolox-nano.yaml").tune(data=shapes, iterations=N, epochs=E, imgsz=S)`: the default search space, the default
    median pruner, TPE seeded with seed=0; trial 0 is the settings as given (the baseline).
@@ -8,7 +9,7 @@
 
 Printed: every trial (state, epochs trained, fitness, mAP50, mAP50-95, seconds), then the best trial's mAP beside the
 default training's, and the wall time of each part; raw figures in OUT/results.json. ../shared/datasets/shapes is used
-in place (512 train / 128 val images; --fraction takes the first part of the train split).
+in place (512 train / 128 val images; --train-images / --val-images take the first N of each split, sorted by name).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--imgsz", type=int, default=128)
-    parser.add_argument("--fraction", type=float, default=1.0)
+    parser.add_argument("--train-images", type=int, default=512)
+    parser.add_argument("--val-images", type=int, default=128)
     parser.add_argument("--out", default="/tmp/tune_shapes")
     opt = parser.parse_args()
 
@@ -39,10 +41,12 @@ def main() -> None:
 
     out = Path(opt.out)
     out.mkdir(parents=True, exist_ok=True)
+    images = SHARED / "datasets" / "shapes" / "images"
+    for split, count in (("train", opt.train_images), ("val", opt.val_images)):
+        (out / f"{split}.txt").write_text("\n".join(map(str, sorted((images / split).glob("*.jpg"))[:count])) + "\n")
     data = out / "shapes.yaml"
-    data.write_text(f"path: {SHARED / 'datasets' / 'shapes'}\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
-    common = dict(data=str(data), epochs=opt.epochs, imgsz=opt.imgsz, fraction=opt.fraction, workers=0, mlflow=False, tensorboard=False,
-                  onnx_check=False, plots=False)
+    data.write_text(f"path: {out}\ntrain: train.txt\nval: val.txt\nnames: {NAMES}\n")
+    common = dict(data=str(data), epochs=opt.epochs, imgsz=opt.imgsz, workers=0, mlflow=False, tensorboard=False, onnx_check=False, plots=False)
 
     t0 = time.perf_counter()
     result = YOLO("yolox-nano.yaml").tune(**common, iterations=opt.iterations, project=str(out), name="tune")
