@@ -1,6 +1,6 @@
 """`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
 
-Modes: train, val, predict, export; and `yolo-cb cfg | help | version`.
+Modes: train, val, predict, export, tune; and `yolo-cb cfg | help | version`.
 A usage error, or any error the user can fix (yolo_cb.errors.UserError: bad settings, data, checkpoint, an
 unwritable project=), prints one clear message (no traceback) and exits with status 2; other errors are bugs
 and keep their traceback (exit 1).
@@ -15,14 +15,14 @@ from yolo_cb.config import describe_settings, load_defaults
 from yolo_cb.errors import UserError
 from yolo_cb.utils.suggest import did_you_mean
 
-MODES = ("train", "val", "predict", "export")
+MODES = ("train", "val", "predict", "export", "tune")
 SPECIAL = ("cfg", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
 
 Usage:
-  yolo-cb MODE key=value ...      MODE is one of: train val predict export
+  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb help | version
 
@@ -32,9 +32,10 @@ Examples:
   yolo-cb val model=runs/detect/train/weights/best.pt data=shapes.yaml
   yolo-cb export model=runs/detect/train/weights/best.pt format=onnx
   yolo-cb predict model=runs/detect/train/weights/best.onnx source=path/to/images
+  yolo-cb tune data=shapes.yaml iterations=8 epochs=5 imgsz=128   (needs pip install 'yolo-cb[tune]')
   torchrun --nproc_per_node 2 -m yolo_cb train data=shapes.yaml device=cpu
 
-Docs: README.md and docs/ (callbacks.md, cli.md, export.md, distributed.md, metrics.md)."""
+Docs: README.md and docs/ (callbacks.md, cli.md, export.md, distributed.md, metrics.md, tune.md)."""
 
 
 class UsageError(Exception):
@@ -44,7 +45,7 @@ class UsageError(Exception):
 def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
     """argv -> (mode, {key: raw string value}); refuses `key value` and unknown keys with hints."""
     if not argv:
-        raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export; or cfg, help, version)")
+        raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export, tune; or cfg, help, version)")
     mode, rest = argv[0], argv[1:]
     if mode not in MODES + SPECIAL:
         hint = did_you_mean(mode, MODES + SPECIAL)
@@ -104,11 +105,11 @@ def run(argv: list[str]) -> object:
     setup_logging(verbose=args.verbose)
     from yolo_cb.model import DEFAULT_MODEL, YOLO
 
-    model = YOLO(args.model or (DEFAULT_MODEL if mode == "train" else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
+    model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return model.run_predict(kwargs.pop("source", None), False, kwargs, save=True)
-    call = {"train": model.train, "val": model.val, "export": model.export}[mode]
+    call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[mode]
     return call(**kwargs)
 
 

@@ -26,19 +26,21 @@ INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
     "save_topk": (0, None), "save_steps": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
     "nbs": (1, None), "no_aug_epochs": (0, None), "max_det": (1, None), "plot_period": (1, None), "opset": (7, None),
     "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "line_width": (1, None),
+    "iterations": (1, None), "tune_keep": (0, None),
 }
 FRACTIONS = {"lrf", "momentum", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v", "translate", "scale", "flipud", "fliplr",
              "mosaic", "mixup", "iou", "conf", "fraction"}
 POSITIVE_FLOATS = {"lr0", "time", "box", "export_tol", "onnx_check_tol"}
 NONNEG_FLOATS = {"weight_decay", "warmup_epochs", "warmup_bias_lr", "degrees", "shear", "grad_clip", "min_delta"}
 ENUMS = {
-    "optimizer": ("SGD", "Adam", "AdamW", "auto"), "mode": ("train", "val", "predict", "export"), "task": ("detect",),
+    "optimizer": ("SGD", "Adam", "AdamW", "auto"), "mode": ("train", "val", "predict", "export", "tune"), "task": ("detect",),
     "cache": (False, "ram", "disk"), "format": ("onnx", "torchscript"), "iou_type": ("iou", "giou"),
     "split": ("train", "val", "test"), "onnx_check": (True, False, "strict"), "monitor_mode": ("auto", "max", "min"),
+    "pruner": ("median", "hyperband", "none"),
 }
 # Keys whose default is empty (None) and that hold free text or structured values.
 FREE = {"model", "data", "cfg", "device", "project", "name", "source", "datasets_dir", "callbacks", "classes", "freeze", "lr_scheduler",
-        "monitor", "save_epochs"}
+        "monitor", "save_epochs", "space", "storage"}
 # Keys that are a bool or a path.
 BOOL_OR_PATH = {"resume", "pretrained"}
 

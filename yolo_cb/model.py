@@ -226,6 +226,14 @@ class YOLO:
         self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
         return self.metrics
 
+    def tune(self, **kwargs) -> dict:
+        """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
+        settings sampled from `space=`, pruned through trainer.stop; returns the best trial's summary (settings, fitness,
+        folder). Needs the tune extra: pip install 'yolo-cb[tune]'."""
+        from yolo_cb.tune import tune
+
+        return tune(self, **kwargs)
+
     def _finished_run(self, args, ckpt: dict, path: Path, overrides: dict) -> dict:
         """resume= of a run that ended: nothing to train and nothing written; say how to train further."""
         from yolo_cb.engine.checkpoint import ResumeError
