@@ -109,7 +109,7 @@ def run(argv: list[str]) -> object:
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return model.run_predict(kwargs.pop("source", None), False, kwargs, save=True)
-    call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[mode]
+    call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
 
 
