@@ -166,3 +166,26 @@ def test_builtin_callbacks_declared_with_parameters_from_yaml_and_cli(tmp_path):
         assert switches.pop().next_stage_start_epoch == 5 and stoppers.pop().patience == 3
     with pytest.raises(ConfigError, match="next_stage.*it takes: next_stage_start_epoch, close_mosaic"):
         get_config({"callbacks": [{"stage_switch": {"next_stage": 5}}]})
+
+
+@pytest.mark.slow
+def test_a_monitor_that_names_no_metric_fails_before_the_first_epoch(tiny):
+    epochs = []
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_train_epoch_start", lambda t: epochs.append(t.epoch))
+    with pytest.raises(ConfigError, match=r"'monitor'.*metrics/mAP50-95\(B\)"):  # the message lists the keys there are
+        model.train(**{**tiny, "monitor": "metrics/mAP5095"})
+    assert epochs == []
+
+
+@pytest.mark.parametrize("setting, words", [("lr_scheduler={step: {stepsize: 3}}", "'step' has no parameter stepsize"),
+                                            ("close_mosaic=3", "no_aug_epochs is YOLOX's name for close_mosaic"),
+                                            ("freeze=[nowhere]", "'nowhere' is not a module")])
+def test_bad_training_control_settings_on_the_cli_are_one_line(tmp_path, shapes_small_yaml, setting, words):
+    from test_bad_input import QUICK, cli
+
+    extra = ["no_aug_epochs=4"] if setting.startswith("close_mosaic") else []
+    result = cli(["train", f"data={shapes_small_yaml}", f"project={tmp_path / 'runs'}", *QUICK, setting, *extra], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]

@@ -200,6 +200,7 @@ class Trainer:
             names = ("precision(B)", "recall(B)", "mAP50(B)", "mAP50-95(B)")
             keys = [f"metrics/{n}" for n in names] + ["fitness"] + [f"val/{n}" for n in self.loss_names]
             self.metrics = dict.fromkeys(keys, float("nan"))  # a callback reading a metric before the first validation gets NaN
+            self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
             LOGGER.info("callbacks (event, group, on_error, callback):\n" + self.callbacks.table())
