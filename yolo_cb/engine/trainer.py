@@ -55,8 +55,9 @@ class Trainer:
     """Trains a YOLOX model. `trainer.train()` returns the final metrics dict.
 
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    fitness, best_fitness, model, ema, optimizer, criterion, train_loader, test_loader, save_dir, args,
-    stop, stop_reason, exception, data, device, rank, world_size.
+    metrics_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer, criterion, train_loader,
+    test_loader, save_dir, args, stop, stop_reason, exception, data, device, rank, world_size, frozen, lr_schedule.
+    The LR is the lr_schedule callback's (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
