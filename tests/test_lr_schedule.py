@@ -208,3 +208,24 @@ def test_a_callback_class_replaces_the_schedule(tiny):
     record_lrs(model, seen)
     model.train(**{**tiny, "epochs": 2, "lr_scheduler": "cbpkg:FixedLR"})
     assert {lr for _, _, lrs, _ in seen for lr in lrs} == {0.0042}
+
+
+@pytest.mark.slow
+def test_a_user_lr_change_survives_stop_and_resume(tiny, tmp_path):
+    """The schedule's state (rescaled by a user write) is in last.pt: the resumed run continues from the user's LR."""
+    def halve_and_stop(trainer):
+        for group in trainer.optimizer.param_groups:
+            group["lr"] *= 0.5
+        trainer.stop = True
+
+    first = YOLO("yolox-nano.yaml")
+    first.add_callback("on_fit_epoch_end", halve_and_stop)
+    first.train(**{**tiny, "epochs": 3})
+    seen = []
+    resumed = YOLO("yolox-nano.yaml")
+    record_lrs(resumed, seen)
+    resumed.train(resume=str(tmp_path / "runs" / "exp" / "weights" / "last.pt"))
+    lf = former_lf(3, 0.01, False)
+    assert sorted({e for e, _, _, _ in seen}) == [1, 2]
+    for epoch, _, lrs, _ in seen:
+        assert lrs == pytest.approx([0.5 * 0.002 * lf(epoch)] * 3, rel=1e-9), epoch

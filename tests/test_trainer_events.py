@@ -31,7 +31,7 @@ def test_every_trainer_and_validator_event_fires_in_order(tiny):
     assert counts["on_train_epoch_start"] == counts["on_train_epoch_end"] == 2
     for event in ("on_train_batch_start", "on_train_batch_loss_end", "on_after_backward", "on_train_batch_end"):
         assert counts[event] == batches, event
-    assert 1 <= optimizer_steps == counts["on_before_zero_grad"] <= batches
+    assert 1 <= optimizer_steps == counts["on_before_zero_grad"] == counts["on_before_optimizer_step"] <= batches
     assert counts["on_model_save"] == counts["on_fit_epoch_end"] == 2
     assert counts["on_params_update"] == 1  # between the two epochs
     assert counts["on_train_end"] == counts["teardown"] == 1 and counts["on_exception"] == 0
@@ -46,6 +46,7 @@ def test_every_trainer_and_validator_event_fires_in_order(tiny):
     assert order.index("on_train_epoch_end") < order.index("on_val_start") < order.index("on_val_end") < order.index("on_model_save") < order.index("on_fit_epoch_end")
     assert seen[-2:] == ["on_train_end", "teardown"]
     assert seen.index("on_params_update") > seen.index("on_fit_epoch_end")
+    assert seen.index("on_after_backward") < seen.index("on_before_optimizer_step") < seen.index("optimizer_step")
 
 
 def test_raising_callback_saves_last_fires_exception_and_teardown(tiny, tmp_path):
