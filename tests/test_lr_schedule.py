@@ -212,14 +212,15 @@ def test_a_callback_class_replaces_the_schedule(tiny):
 
 @pytest.mark.slow
 def test_a_user_lr_change_survives_stop_and_resume(tiny, tmp_path):
-    """The schedule's state (rescaled by a user write) is in last.pt: the resumed run continues from the user's LR."""
-    def halve_and_stop(trainer):
+    """The schedule's state (rescaled by a user write made before the epoch's checkpoint) is in last.pt: the resumed run
+    continues from the user's LR."""
+    def halve(trainer):
         for group in trainer.optimizer.param_groups:
             group["lr"] *= 0.5
-        trainer.stop = True
 
     first = YOLO("yolox-nano.yaml")
-    first.add_callback("on_fit_epoch_end", halve_and_stop)
+    first.add_callback("on_train_epoch_end", halve)
+    first.add_callback("on_fit_epoch_end", lambda trainer: setattr(trainer, "stop", True))
     first.train(**{**tiny, "epochs": 3})
     seen = []
     resumed = YOLO("yolox-nano.yaml")
