@@ -189,3 +189,12 @@ def test_bad_training_control_settings_on_the_cli_are_one_line(tmp_path, shapes_
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
+
+
+def test_yolox_loss_settings_are_refused_for_a_model_that_does_not_read_them():
+    from yolo_cb.engine.trainer import refuse_yolox_loss_settings
+
+    refuse_yolox_loss_settings(get_config({}), "YOLOCBLoss")  # the defaults pass
+    for key, value in (("box", 7.5), ("iou_type", "giou")):
+        with pytest.raises(ConfigError, match=f"'{key}'.*YOLOCBLoss"):
+            refuse_yolox_loss_settings(get_config({key: value}), "YOLOCBLoss")
