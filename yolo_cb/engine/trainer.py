@@ -87,6 +87,7 @@ class Trainer:
         self.stop_reason = ""
         self.exception: BaseException | None = None
         self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
+        self.frozen: list[str] = []  # the modules freeze= froze (their parameters and BatchNorm statistics stay as loaded)
         self.model = self.ema = self.optimizer = self.criterion = None
         self.train_loader = self.test_loader = self.validator = None
         self.data: dict = {}
