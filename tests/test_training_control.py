@@ -30,7 +30,7 @@ def test_frozen_tensors_are_bit_identical_after_training(tiny, tmp_path, caplog,
     groups = {}
     model.add_callback("on_train_start", lambda t: groups.update(ids={id(p) for g in t.optimizer.param_groups for p in g["params"]},
                                                                   frozen={id(p) for p in t.model.parameters() if not p.requires_grad}))
-    model.train(**{**tiny, "model": model_yaml, "epochs": 2, "freeze": freeze, "save_initial": True})
+    model.train(**{**tiny, "model": model_yaml, "epochs": 1, "nbs": 8, "freeze": freeze, "save_initial": True})  # a step per batch
     run = tmp_path / "runs" / "exp"
     before, after = load_checkpoint(weights(run) / "initial.pt")["model"], load_checkpoint(weights(run) / "last.pt")["model"]
     frozen = [k for k in before if k.startswith(prefix)]
@@ -60,15 +60,14 @@ def test_close_mosaic_0_keeps_mosaic_to_the_end(tiny):
     model = YOLO("yolox-nano.yaml")
     model.add_callback("on_train_epoch_start", lambda t: closed.append(t.train_loader.dataset.mosaic_closed))
     model.add_callback("on_train_start", lambda t: closed.append([e.name for e in t.callbacks.entries("on_train_epoch_start")]))
-    model.train(**{**tiny, "epochs": 2, "mosaic": 1.0, "close_mosaic": 0})
+    model.train(**{**tiny, "epochs": 1, "mosaic": 1.0, "close_mosaic": 0})  # close_mosaic=1 (or 15) would close epoch 1
     names, *per_epoch = closed
-    assert per_epoch == [False, False] and not any(n.startswith("stage_switch") for n in names)
+    assert per_epoch == [False] and not any(n.startswith("stage_switch") for n in names)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["min", "max"])
-def test_monitor_and_mode_pick_best_pt(tiny, tmp_path, mode):
-    key = "val/obj_loss"
+def test_monitor_and_mode_pick_best_pt(tiny, tmp_path):
+    key, mode = "val/obj_loss", "max"  # against the key's natural direction (auto: min), so the mode is what decides
     YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 3, "monitor": key, "monitor_mode": mode, "save_topk": 2, "save_epochs": [2]})
     run = tmp_path / "runs" / "exp"
     with open(run / "results.csv") as f:
