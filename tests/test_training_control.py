@@ -68,17 +68,20 @@ def test_close_mosaic_0_keeps_mosaic_to_the_end(tiny):
 @pytest.mark.slow
 def test_monitor_and_mode_pick_best_pt(tiny, tmp_path):
     key, mode = "val/obj_loss", "max"  # against the key's natural direction (auto: min), so the mode is what decides
-    YOLO("yolox-nano.yaml").train(**{**tiny, "epochs": 3, "monitor": key, "monitor_mode": mode, "save_topk": 2, "save_epochs": [2]})
+    values = []
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_fit_epoch_end", lambda t: values.append(t.metrics[key]))  # full precision, every epoch validates
+    model.train(**{**tiny, "epochs": 3, "monitor": key, "monitor_mode": mode, "save_topk": 2, "save_epochs": [2]})
     run = tmp_path / "runs" / "exp"
-    with open(run / "results.csv") as f:
-        values = [float(r[key]) for r in csv.DictReader(f)]
-    assert len(set(values)) == 3
-    pick = min if mode == "min" else max
-    best_epoch = values.index(pick(values))  # 0-based
+    assert len(values) == 3 and len(set(values)) > 1
+    best_epoch = values.index(max(values))  # 0-based; the first of equal values (only a strict improvement counts)
     assert load_checkpoint(weights(run) / "best.pt")["epoch"] == best_epoch
-    ranked = sorted(range(3), key=lambda e: values[e], reverse=mode == "max")
+    with open(run / "results.csv") as f:
+        assert [float(r[key]) for r in csv.DictReader(f)] == pytest.approx(values, rel=1e-5)
+    ranked = sorted(range(3), key=lambda e: -values[e])  # stable: an earlier epoch first among equals
     assert sorted(p.name for p in weights(run).glob("best_epoch*.pt")) == sorted(f"best_epoch{e + 1}.pt" for e in ranked[:2])
     assert (weights(run) / "epoch2.pt").is_file() and not (weights(run) / "epoch1.pt").exists()  # save_epochs
+    assert load_checkpoint(weights(run) / "best.pt")["best_fitness"] == max(values)  # the monitored value, not fitness
 
 
 def test_monitor_improvement_rules():
