@@ -52,7 +52,8 @@ def assert_same_weights(a: Path, b: Path) -> None:
 @pytest.mark.slow
 def test_resume_auto_job_script_started_three_times_finishes_the_run_once(tmp_path, shapes_small_yaml):
     """A job script with resume=auto: the 1st start gets SIGUSR1 mid-epoch (saves, exits 138: requeue), the 2nd continues
-    after the last trained batch and finishes, the 3rd finds the finished run and exits 0 without training."""
+    after the last trained batch and finishes, the 3rd finds the finished run and exits 0 without training. The weights
+    equal those of an uninterrupted run."""
     job = tmp_path / "job.sh"
     job.write_text('#!/usr/bin/env bash\n"$PYTHON" -m yolo_cb train "$@"\ncode=$?\n'
                    'case $code in 138|143) echo "requeue after exit $code";; esac\nexit $code\n')
@@ -80,6 +81,10 @@ def test_resume_auto_job_script_started_three_times_finishes_the_run_once(tmp_pa
     ckpt = load_checkpoint(project / "job" / "weights" / "last.pt")
     assert ckpt["finished"] and ckpt["epoch"] == 1 and ckpt["optimizer_steps"] == 8
     assert sorted(p.name for p in project.iterdir()) == ["job"]  # one run folder, never job2
+    straight = subprocess.run([sys.executable, "-m", "yolo_cb", "train", *train_args(shapes_small_yaml, tmp_path / "straight", "job")],
+                              cwd=tmp_path, env=env_for(tmp_path / "straight.log"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    assert_same_weights(project / "job" / "weights" / "last.pt", tmp_path / "straight" / "job" / "weights" / "last.pt")  # the stop was exact
 
 
 @pytest.fixture(scope="module")
