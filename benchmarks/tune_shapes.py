@@ -1,11 +1,12 @@
 """A short tune on shapes, and the best trial against the default settings at the same epochs, side by side.
 
-    python benchmarks/tune_shapes.py [--iterations 8] [--epochs 5] [--imgsz 128] [--train-images 512] [--val-images 128]
-                                     [--out /tmp/tune_shapes]
+    python benchmarks/tune_shapes.py [--iterations 8] [--epochs 5] [--imgsz 128] [--batch 16] [--nbs 64]
+                                     [--train-images 512] [--val-images 128] [--out /tmp/tune_shapes]
 
 1. `YOLO("yolox-nano.yaml").tune(data=shapes, iterations=N, epochs=E, imgsz=S)`: the default search space, the default
    median pruner, TPE seeded with seed=0; trial 0 is the settings as given (the baseline).
-2. A plain `train` with the default settings (optimizer=auto, ...), the same model, data, epochs and image size.
+2. A plain `train` with the default settings (optimizer=auto, ...), the same model, data, epochs, image size, batch and
+   nbs (both parts get exactly the same fixed settings; the tune only changes the settings of its search space).
 
 Printed: every trial (state, epochs trained, fitness, mAP50, mAP50-95, seconds), then the best trial's mAP beside the
 default training's, and the wall time of each part; raw figures in OUT/results.json. ../shared/datasets/shapes is used
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--imgsz", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--nbs", type=int, default=64, help="nominal batch: 64 accumulates 4 batches of 16 per optimizer step")
     parser.add_argument("--train-images", type=int, default=512)
     parser.add_argument("--val-images", type=int, default=128)
     parser.add_argument("--out", default="/tmp/tune_shapes")
@@ -46,7 +49,7 @@ def main() -> None:
         (out / f"{split}.txt").write_text("\n".join(map(str, sorted((images / split).glob("*.jpg"))[:count])) + "\n")
     data = out / "shapes.yaml"
     data.write_text(f"path: {out}\ntrain: train.txt\nval: val.txt\nnames: {NAMES}\n")
-    common = dict(data=str(data), epochs=opt.epochs, imgsz=opt.imgsz, workers=0, mlflow=False, tensorboard=False, onnx_check=False, plots=False)
+    common = dict(data=str(data), epochs=opt.epochs, imgsz=opt.imgsz, batch=opt.batch, nbs=opt.nbs, workers=0, mlflow=False, tensorboard=False, onnx_check=False, plots=False)
 
     t0 = time.perf_counter()
     result = YOLO("yolox-nano.yaml").tune(**common, iterations=opt.iterations, project=str(out), name="tune")

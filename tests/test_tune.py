@@ -196,14 +196,15 @@ def test_ctrl_c_saves_then_resume_continues_the_study(tmp_path, shapes_small_yam
     assert (folder / "best_hyperparameters.yaml").is_file() and (folder / "tune_history.png").is_file()
     interrupted_lr0 = rows[1]["lr0"]
 
-    result = YOLO("yolox-nano.yaml").tune(resume=str(folder))
+    result = YOLO("yolox-nano.yaml").tune(resume=str(folder), tune_keep=1)  # and keep only the best trial's run folder
     assert result["save_dir"] == str(folder) and result["trials"]["COMPLETE"] == 2
     study = optuna.load_study(study_name="stop", storage=f"sqlite:///{folder / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
     retried = study.trials[2]
     assert retried.user_attrs["retry_of"] == 1 and str(retried.params["lr0"]) == interrupted_lr0  # the interrupted point runs again
-    assert retried.user_attrs["epochs"] == 1 and (folder / "trials" / "trial_2" / "weights" / "best.pt").is_file()
-    assert len(read_csv(folder / "trials.csv")) == 3
+    assert retried.user_attrs["epochs"] == 1 and len(read_csv(folder / "trials.csv")) == 3
+    kept = sorted(p.name for p in (folder / "trials").iterdir())
+    assert kept == [f"trial_{result['best_trial']}"] and (folder / "trials" / kept[0] / "weights" / "best.pt").is_file()
     with pytest.raises(ConfigError, match="cannot change imgsz"):
         YOLO("yolox-nano.yaml").tune(resume=str(folder), imgsz=96)
 
