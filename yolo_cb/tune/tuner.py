@@ -213,7 +213,8 @@ class Tuner:
             try:  # and each waits for the file's lock instead of failing at once
                 return self.optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
             except Exception as error:
-                if attempt == 2 or "locked" not in str(error) and "already exists" not in str(error):
+                racing = any(sign in str(error) for sign in ("locked", "already exists", "UNIQUE constraint failed"))
+                if attempt == 2 or not racing:
                     raise
                 time.sleep(1.0 + attempt)
 
