@@ -27,8 +27,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The yolo_cb modules `path` imports (`from pkg import mod` counts as importing pkg.mod)."""
+def imports_of(path: Path, modules: set[str], missing: list[str] | None = None) -> set[str]:
+    """The yolo_cb modules `path` imports (`from pkg import mod` counts as importing pkg.mod); an import of a yolo_cb
+    module that does not exist is appended to `missing`."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -42,6 +43,8 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
                 base = ".".join(anchor + ([node.module] if node.module else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
+    if missing is not None:
+        missing += [f"{name} imports {m}" for m in sorted(found) if (m == "yolo_cb" or m.startswith("yolo_cb.")) and m not in modules]
     return {m for m in found if m in modules and m != name}
 
 
@@ -97,6 +100,16 @@ def test_lower_layers_import_nothing_above_them():
         upward += [f"{module} -> {dep}" for dep in sorted(deps)
                    if dep != "yolo_cb" and not any(dep == a or dep.startswith(a + ".") for a in allowed)]
     assert not upward, "imports from a lower layer upwards:\n" + "\n".join(upward)
+
+
+def test_every_internal_import_names_an_existing_module():
+    """A moved module leaves no import behind (an installed copy elsewhere on the path can hide one from the tests)."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    missing: list[str] = []
+    for f in files:
+        imports_of(f, modules, missing)
+    assert not missing, missing
 
 
 def test_the_checker_sees_a_planted_cycle_and_an_upward_arrow():

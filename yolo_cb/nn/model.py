@@ -9,7 +9,7 @@ import torch
 import yaml
 from torch import nn
 
-from ..loss import YOLOXLoss
+from .loss import YOLOXLoss
 from .backbone import PAFPN
 from .blocks import ConvBNAct
 from .head import STRIDES, YOLOXHead
