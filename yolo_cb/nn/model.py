@@ -9,10 +9,10 @@ import torch
 import yaml
 from torch import nn
 
-from .loss import YOLOXLoss
 from .backbone import PAFPN
 from .blocks import ConvBNAct
 from .head import STRIDES, YOLOXHead
+from .loss import YOLOXLoss
 from .yolocb_model import FAMILY as YOLOCB_FAMILY
 from .yolocb_model import YOLOCB, parse_yolocb_cfg
 
