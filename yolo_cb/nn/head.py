@@ -58,35 +58,14 @@ class YOLOXHead(nn.Module):
 
     def flatten(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Raw outputs as (B, A, 5 + nc) over all A cells of all levels, with each cell's grid (A, 2) and stride (A, 1)."""
-        flat = []
-        for o in outputs:
-            b, c, h, w = (int(v) for v in o.shape)  # plain ints: a static export sees constants
-            flat.append(o.reshape(b, c, h * w))
-        preds = torch.cat(flat, dim=2).permute(0, 2, 1)
-        grid, strides = self.grid_for(outputs)
-        return preds, grid, strides
+        return flatten_levels(outputs), *self.grid_for(outputs)
 
     def grid_for(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Cell coordinates (A, 2) as (x, y) and strides (A, 1), cached per feature-map sizes, device and dtype.
 
         Built with numpy from plain ints so that tracing/ONNX export records them as constants.
         """
-        sizes = tuple((int(o.shape[2]), int(o.shape[3])) for o in outputs)
-        ref = outputs[0]
-        key = (sizes, ref.device, ref.dtype)
-        if key not in self._grid_cache:
-            if len(self._grid_cache) >= GRID_CACHE_SIZE:
-                self._grid_cache.clear()
-            grids, strides = [], []
-            for (h, w), stride in zip(sizes, self.strides, strict=True):
-                ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
-                grids.append(np.stack((xs, ys), axis=-1).reshape(-1, 2))
-                strides.append(np.full((h * w, 1), stride, dtype=np.float32))
-            with torch.inference_mode(False):  # a normal tensor even when built under inference_mode: training may reuse it
-                grid = torch.from_numpy(np.concatenate(grids)).to(device=ref.device, dtype=ref.dtype)
-                stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
-            self._grid_cache[key] = (grid, stride)
-        return self._grid_cache[key]
+        return cell_grid(outputs, self.strides, self._grid_cache)
 
     def decode(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """(B, A, 4 + 1 + nc): box cx, cy, w, h in input pixels, then sigmoided objectness and class scores."""
@@ -94,3 +73,34 @@ class YOLOXHead(nn.Module):
         xy = (preds[..., 0:2] + grid) * strides
         wh = torch.exp(preds[..., 2:4]) * strides
         return torch.cat((xy, wh, torch.sigmoid(preds[..., 4:])), dim=-1)
+
+
+def flatten_levels(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """Per-level maps (B, C, H, W) as one (B, A, C) tensor over all A cells of all levels."""
+    flat = []
+    for o in outputs:
+        b, c, h, w = (int(v) for v in o.shape)  # plain ints: a static export sees constants
+        flat.append(o.reshape(b, c, h * w))
+    return torch.cat(flat, dim=2).permute(0, 2, 1)
+
+
+def cell_grid(outputs: list[torch.Tensor], level_strides, cache: dict, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cell coordinates (A, 2) as (column + offset, row + offset) and strides (A, 1) for the levels of `outputs`, kept in
+    `cache` per feature-map sizes, device and dtype. Built with numpy from plain ints so that tracing/ONNX export
+    records them as constants."""
+    sizes = tuple((int(o.shape[2]), int(o.shape[3])) for o in outputs)
+    ref = outputs[0]
+    key = (sizes, ref.device, ref.dtype)
+    if key not in cache:
+        if len(cache) >= GRID_CACHE_SIZE:
+            cache.clear()
+        grids, strides = [], []
+        for (h, w), stride in zip(sizes, level_strides, strict=True):
+            ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
+            grids.append(np.stack((xs, ys), axis=-1).reshape(-1, 2) + np.float32(offset))
+            strides.append(np.full((h * w, 1), stride, dtype=np.float32))
+        with torch.inference_mode(False):  # a normal tensor even when built under inference_mode: training may reuse it
+            grid = torch.from_numpy(np.concatenate(grids)).to(device=ref.device, dtype=ref.dtype)
+            stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
+        cache[key] = (grid, stride)
+    return cache[key]

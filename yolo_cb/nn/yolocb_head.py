@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
 from .blocks import ConvBNAct
+from .head import cell_grid, flatten_levels
 
 STRIDES = (8, 16, 32)  # downsampling factor of the P3, P4 and P5 feature maps
 REG_MAX = 16  # bins per box side: distances 0 .. REG_MAX - 1 strides can be represented
@@ -23,7 +23,6 @@ PRIOR_IMGSZ = 640  # ... of this many pixels square, spread over all classes and
 MIN_BOX_HIDDEN = 16  # the box branch is never narrower than this
 MAX_CLASS_HIDDEN = 100  # the class branch widens to the class count, up to this many channels
 OBJECTNESS_LOGIT = 40.0  # sigmoid(40) rounds to exactly 1.0 in float32 and float16: the objectness of `yolox_layout`
-GRID_CACHE_SIZE = 32  # distinct input sizes whose cell grids are kept (rectangular val batches vary in shape)
 
 
 def dfl_expectation(logits: torch.Tensor) -> torch.Tensor:
@@ -72,11 +71,7 @@ class DistributionHead(nn.Module):
 
     def flatten(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(distance logits (B, A, 4, reg_max), class logits (B, A, nc), cell centres (A, 2) in stride units, strides (A, 1))."""
-        flat = []
-        for o in outputs:
-            b, c, h, w = (int(v) for v in o.shape)  # plain ints: a static export sees constants
-            flat.append(o.reshape(b, c, h * w))
-        preds = torch.cat(flat, dim=2).permute(0, 2, 1)
+        preds = flatten_levels(outputs)
         dist = preds[..., : 4 * self.reg_max].reshape(preds.shape[0], preds.shape[1], 4, self.reg_max)
         centers, strides = self.centers_for(outputs)
         return dist, preds[..., 4 * self.reg_max :], centers, strides
@@ -86,22 +81,7 @@ class DistributionHead(nn.Module):
 
         Built with numpy from plain ints so that tracing/ONNX export records them as constants.
         """
-        sizes = tuple((int(o.shape[2]), int(o.shape[3])) for o in outputs)
-        ref = outputs[0]
-        key = (sizes, ref.device, ref.dtype)
-        if key not in self._grid_cache:
-            if len(self._grid_cache) >= GRID_CACHE_SIZE:
-                self._grid_cache.clear()
-            centers, strides = [], []
-            for (h, w), stride in zip(sizes, self.strides, strict=True):
-                ys, xs = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
-                centers.append(np.stack((xs, ys), axis=-1).reshape(-1, 2) + 0.5)
-                strides.append(np.full((h * w, 1), stride, dtype=np.float32))
-            with torch.inference_mode(False):  # a normal tensor even when built under inference_mode: training may reuse it
-                center = torch.from_numpy(np.concatenate(centers)).to(device=ref.device, dtype=ref.dtype)
-                stride = torch.from_numpy(np.concatenate(strides)).to(device=ref.device, dtype=ref.dtype)
-            self._grid_cache[key] = (center, stride)
-        return self._grid_cache[key]
+        return cell_grid(outputs, self.strides, self._grid_cache, offset=0.5)
 
     def decode(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """(B, A, 4 + 1 + nc): box cx, cy, w, h in input pixels, an objectness column of ones, sigmoided class scores."""
