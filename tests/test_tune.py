@@ -226,9 +226,22 @@ def test_bad_space_and_settings_fail_before_any_work(tmp_path, shapes_small_yaml
         model.tune(**base, space={"box": {"low": 1, "hihg": 5}})
     with pytest.raises(ConfigError, match="lr0=0.002: both given as a setting and in the search space"):
         model.tune(**base, lr0=0.002, space={"lr0": [1e-4, 1e-2]})
+    with pytest.raises(ConfigError, match=r"no_aug_epochs=0 \(another name for close_mosaic\): both given"):
+        model.tune(**base, space={"close_mosaic": [0, 2]})
     with pytest.raises(ConfigError, match="tune runs each trial in one process"):
         model.tune(**base, nproc=2)
     assert not any(tmp_path.iterdir())  # nothing was made
+
+
+def test_default_space_tunes_box_only_for_a_model_whose_loss_takes_it(tmp_path, shapes_small_yaml):
+    from yolo_cb.tune.tuner import Tuner, require_optuna
+
+    settings = {k: v for k, v in TRIAL.items() if k != "model"} | {"data": str(shapes_small_yaml), "mlflow": False, "epochs": 2}
+    for model, takes_box in (("yolocb-n.yaml", False), ("yolox-nano.yaml", True)):
+        tuner = Tuner(YOLO(model), {**settings, "project": str(tmp_path / model)}, require_optuna())
+        names = {p.name for p in tuner.params}
+        assert {"lr0", "lrf", "fliplr"} <= names and ("box" in names) == takes_box, (model, sorted(names))
+        assert not names & {"mosaic", "warmup_epochs", "close_mosaic", "no_aug_epochs"}  # given as settings (no_aug_epochs: close_mosaic)
 
 
 def test_cli_refuses_unknown_keys_and_bad_space(tmp_path):

@@ -20,6 +20,8 @@ from yolo_cb.utils.suggest import did_you_mean
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "save_config"]
 
 
+ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
+
 # Per-key type rules. Keys not listed take the type of their default (bool, int, float, str).
 INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
     "epochs": (1, None), "patience": (0, None), "batch": (1, None), "imgsz": (32, None), "save_period": (-1, None),
@@ -181,7 +183,7 @@ def resolve_close_mosaic(sources: list[dict], default: int) -> int:
     one source giving both with different values is an error."""
     value = default
     for i, source in enumerate(sources):
-        given = {k: coerce(k, source[k], 0) for k in ("close_mosaic", "no_aug_epochs") if source.get(k) is not None}
+        given = {k: coerce(k, source[k], 0) for k in ("close_mosaic", *ALIASES) if source.get(k) is not None}
         if i == 0 and len(set(given.values())) > 1:  # a checkpoint of an older yolo-cb: close_mosaic counted when no_aug_epochs was 0
             given = {"close_mosaic": given["no_aug_epochs"] or given["close_mosaic"]}
         if len(set(given.values())) > 1:

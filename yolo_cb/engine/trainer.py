@@ -428,8 +428,7 @@ class Trainer:
         if hasattr(self.criterion, "use_l1"):  # YOLOX losses only; the YOLOX stage switch turns it on
             self.criterion.use_l1 = False
             self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
-        else:
-            refuse_yolox_loss_settings(self.args, type(self.criterion).__name__)
+        refuse_unread_loss_settings(self.args, self.criterion)
 
     @staticmethod
     def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
@@ -836,16 +835,20 @@ class Trainer:
             LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
 
 
-def refuse_yolox_loss_settings(args: Config, loss_name: str) -> None:
-    """box and iou_type set the YOLOX loss; a model with another loss (YOLOCB: CIoU + DFL, fixed gains) refuses other values."""
+LOSS_SETTINGS = ("box", "iou_type")  # settings that configure a loss; a criterion lists those it takes in `reads_settings`
+
+
+def refuse_unread_loss_settings(args: Config, criterion) -> None:
+    """A loss setting the model's criterion does not take (YOLOCB: CIoU + DFL, fixed gains) must stay at its default."""
     from yolo_cb.config import load_defaults
     from yolo_cb.errors import ConfigError
 
     defaults = load_defaults()
-    for key in ("box", "iou_type"):
-        if getattr(args, key) != defaults[key]:
+    for key in LOSS_SETTINGS:
+        if key not in criterion.reads_settings and getattr(args, key) != defaults[key]:
             raise ConfigError(f"invalid value for '{key}': {getattr(args, key)!r}; it sets the YOLOX loss, and this model trains with "
-                              f"{loss_name} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a yolox-* model")
+                              f"{type(criterion).__name__} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a "
+                              f"yolox-* model")
 
 
 def resume_position(ckpt: dict | None) -> str | None:

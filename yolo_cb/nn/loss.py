@@ -113,6 +113,7 @@ class YOLOXLoss(nn.Module):
     """
 
     loss_names = ("iou", "obj", "cls", "l1")  # the loss-dict components the trainer and validator report (as <name>_loss)
+    reads_settings = ("box", "iou_type")  # the training settings this loss takes (as box_weight, loss_type)
 
     def __init__(
         self,

@@ -61,6 +61,7 @@ class YOLOCBLoss:
     """
 
     loss_names = ("box", "cls", "dfl")  # the loss-dict components the trainer and validator report (as <name>_loss)
+    reads_settings = ()  # no loss setting: CIoU + DFL with fixed gains (the trainer refuses box=/iou_type=)
 
     def __init__(self, nc: int, reg_max: int, box_gain: float = BOX_GAIN, cls_gain: float = CLS_GAIN, dfl_gain: float = DFL_GAIN):
         self.nc, self.reg_max = int(nc), int(reg_max)

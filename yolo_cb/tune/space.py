@@ -4,7 +4,7 @@ A space is a mapping {setting: spec}, from a YAML file or a dict, one entry per 
 
     lr0: [1.0e-4, 1.0e-2, log]        # a range sampled on a log scale
     momentum: [0.6, 0.98]             # a range sampled uniformly
-    no_aug_epochs: [0, 5]             # an integer setting: whole numbers, both ends included
+    close_mosaic: [0, 5]              # an integer setting: whole numbers, both ends included
     degrees: {low: 0, high: 30, step: 5}
     optimizer: {choices: [SGD, AdamW]}
 
@@ -80,8 +80,9 @@ def tunable_settings() -> list[str]:
     return keys
 
 
-def default_space(epochs: int, optimizer: str) -> dict[str, Any]:
-    """The space tuned when none is given: what matters on a small budget. lr0's range follows the optimizer."""
+def default_space(epochs: int, optimizer: str, loss_settings: tuple[str, ...] = ("box",)) -> dict[str, Any]:
+    """The space tuned when none is given: what matters on a small budget. lr0's range follows the optimizer; `box` is in
+    it only when the model's loss takes it (`loss_settings`: its criterion's reads_settings; YOLOCB's loss takes none)."""
     adam = optimizer.lower().startswith("adam")
     space: dict[str, Any] = {
         "lr0": [1e-4, 1e-2, "log"] if adam else [1e-3, 1e-1, "log"],
@@ -94,8 +95,10 @@ def default_space(epochs: int, optimizer: str) -> dict[str, Any]:
         "degrees": [0.0, 30.0], "translate": [0.0, 0.5], "scale": [0.0, 0.9], "shear": [0.0, 5.0],
         "flipud": [0.0, 0.5], "fliplr": [0.0, 1.0], "mosaic": [0.0, 1.0], "mixup": [0.0, 0.5],
     }
+    if "box" not in loss_settings:
+        del space["box"]
     if epochs > 1:  # the last N epochs without mosaic/mixup (the YOLOX stage switch; Ultralytics' close_mosaic)
-        space["no_aug_epochs"] = [0, epochs]
+        space["close_mosaic"] = [0, epochs]
     return space
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from yolo_cb.config import get_config
+from yolo_cb.config import ALIASES, get_config
 from yolo_cb.errors import ConfigError, UserError, load_yaml
 from yolo_cb.tune import report
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
@@ -118,7 +118,15 @@ class Tuner:
             from yolo_cb.engine.optim import resolve_optimizer  # auto ignores lr0 and momentum: resolve it as the trainer would
 
             optimizer, lr0, momentum = resolve_optimizer("auto", lr0, momentum, iterations)
-        params = params if params is not None else self._checked(parse_space(default_space(args.epochs, optimizer)))
+        if params is None:  # the default space, less what the user fixed
+            from yolo_cb.model import YOLO
+
+            loss_settings = getattr(getattr(YOLO(self.source).model, "criterion", None), "reads_settings", ())
+            space = default_space(args.epochs, optimizer, loss_settings)
+            fixed = sorted(k for k in space if self._given(k))
+            if fixed:
+                LOGGER.info(f"tune: {', '.join(fixed)} given as settings: fixed for every trial, left out of the default search space")
+            params = parse_space({k: v for k, v in space.items() if k not in fixed})
         if optimizer != args.optimizer and all(p.name != "optimizer" for p in params):
             self.base["optimizer"] = optimizer
             LOGGER.info(f"tune: optimizer=auto would ignore the sampled lr0/momentum; every trial uses optimizer={optimizer} "
@@ -127,10 +135,17 @@ class Tuner:
         baseline = {p.name: p.clip(current[p.name]) for p in params if current.get(p.name) is not None}
         return params, baseline
 
+    def _given(self, name: str) -> str | None:
+        """The setting the user gave for `name`: itself or another name of it (no_aug_epochs for close_mosaic), else None."""
+        names = {name, ALIASES.get(name, name), *(alias for alias, canonical in ALIASES.items() if canonical == name)}
+        return next((k for k in sorted(names) if k in self.base), None)
+
     def _checked(self, params: list) -> list:
-        both = sorted(p.name for p in params if p.name in self.base)
+        """A space the user gave may not also sample a setting the user fixed (under either of its names)."""
+        both = [(p.name, self._given(p.name)) for p in params if self._given(p.name)]
         if both:
-            raise ConfigError(f"{', '.join(f'{k}={self.base[k]!r}' for k in both)}: both given as a setting and in the search space; "
+            given = ", ".join(f"{k}={self.base[k]!r}" + (f" (another name for {name})" if k != name else "") for name, k in both)
+            raise ConfigError(f"{given}: both given as a setting and in the search space; "
                               f"drop one (a setting fixes the value for every trial, the space samples it)")
         return params
 
