@@ -138,7 +138,6 @@ def overfit(images: torch.Tensor, targets: torch.Tensor, max_steps: int = MAX_ST
 def test_nano_overfits_one_batch():
     if not (SHAPES / "images" / "train").is_dir():
         pytest.skip(f"shapes dataset not found under {SHARED} (set YOLO_CB_SHARED)")
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
     images, targets = load_batch(SHAPES, NUM_IMAGES, IMGSZ)
     assert len(targets) > 0
     start = time.perf_counter()
