@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, collate_fn
+from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders, collate_fn
 from yolo_cb.paths import DEFAULT_CFG
 
 COLOURS = [(0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255)]  # BGR, far from the grey padding
@@ -70,12 +70,19 @@ def test_close_mosaic_reaches_persistent_workers(solid):
         loader.set_epoch(epoch)
         singles = [n_colours(im) for batch in loader for im in batch["img"]]
         assert singles == [1, 1, 1, 1], f"epoch {epoch}: a mosaic after close_mosaic: {singles}"
+    workers = list(loader._iterator._workers) if loader.num_workers else []
+    close_loaders(loader)  # what the trainer does at the end of train()
+    assert loader._iterator is None and not any(w.is_alive() for w in workers)
 
 
 def test_seeded_workers_repeat_the_same_augmentation(solid):
     def first_batch():
         ds = YOLODataset(str(solid), 128, ["a", "b", "c", "d"], True, settings(mosaic=1.0, scale=0.5), batch_size=4)
-        return next(iter(build_dataloader(ds, batch_size=4, workers=1, shuffle=True, seed=3)))
+        loader = build_dataloader(ds, batch_size=4, workers=1, shuffle=True, seed=3)
+        try:
+            return next(iter(loader))
+        finally:
+            close_loaders(loader)
 
     a, b = first_batch(), first_batch()
     assert torch.equal(a["img"], b["img"]) and torch.equal(a["targets"], b["targets"])

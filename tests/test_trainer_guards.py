@@ -70,3 +70,15 @@ def test_fine_tune_from_checkpoint_transfers_matching_weights(tiny, coco8_yaml, 
 def test_val_of_a_model_config_asks_for_weights():
     with pytest.raises(FileNotFoundError, match="needs trained weights"):
         YOLO("yolox-nano.yaml").val(data="shapes.yaml")
+
+
+def test_no_loader_worker_outlives_train_or_val(tiny):
+    """Persistent loader workers end with train() and val(): none is left for garbage collection to reap later, which
+    took ~20 s (5 s per worker's join) in whichever later test happened to collect them."""
+    import multiprocessing
+
+    model = YOLO("yolox-nano.yaml")
+    model.train(**{**tiny, "workers": 2})
+    assert multiprocessing.active_children() == []
+    model.val(data=tiny["data"], imgsz=64, batch=8, workers=2, plots=False, project=tiny["project"], name="val")
+    assert multiprocessing.active_children() == []

@@ -23,6 +23,7 @@ import torch
 
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config, save_config
+from yolo_cb.data.loader import close_loaders
 from yolo_cb.engine.checkpoint import (
     check_same_dataset,
     checkpoint_epoch,
@@ -230,6 +231,7 @@ class Trainer:
         finally:
             self._restore_signal_handlers(previous_handlers)
             self.run_callbacks("teardown")
+            close_loaders(self.train_loader, self.test_loader)
             self._teardown_distributed(clean_exit=self.exception is None)
             restore_process_state(previous_state, LOGGER)
 

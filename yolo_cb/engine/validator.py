@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks import Callbacks
+from yolo_cb.data.loader import close_loaders
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.utils.files import atomic_write_text, run_dir
@@ -183,12 +184,15 @@ class Validator:
         """Validate `trainer`'s model (with val losses) or `model` (path / Module / Backend); returns the metrics (a dict of the
         metric keys with Ultralytics' attributes: box.map, results_dict, speed, ...; see yolo_cb.engine.val_metrics)."""
         self._modes: dict = {}  # submodule -> training flag, restored afterwards
+        own_loader = trainer is None and self.dataloader is None  # built here: its workers end with this call
         try:
             model = self._setup_trainer(trainer) if trainer is not None else self._setup_standalone(model)
             self.model = model
             n_batches, loss_sums, times = self._run(model)
         finally:
             _restore(self._modes)
+            if own_loader:
+                close_loaders(self.dataloader)
         self.speed = {k: 1000 * v / max(self.seen, 1) for k, v in times.items()}
         self.finalize()
         if self.training:
