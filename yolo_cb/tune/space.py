@@ -80,7 +80,7 @@ def tunable_settings() -> list[str]:
     return keys
 
 
-def default_space(epochs: int, optimizer: str, loss_settings: tuple[str, ...] = ("box",)) -> dict[str, Any]:
+def default_space(epochs: int, optimizer: str, loss_settings: tuple[str, ...]) -> dict[str, Any]:
     """The space tuned when none is given: what matters on a small budget. lr0's range follows the optimizer; `box` is in
     it only when the model's loss takes it (`loss_settings`: its criterion's reads_settings; YOLOCB's loss takes none)."""
     adam = optimizer.lower().startswith("adam")
