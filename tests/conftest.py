@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the test callback package `cbpkg`
+
+from shared_data import SHARED  # noqa: E402
 
 
 def pytest_configure(config):

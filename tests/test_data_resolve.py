@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import os
 import threading
 import zipfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import cv2
 import numpy as np
 import pytest
 import yaml
+from shared_data import SHARED
 
 from yolo_cb.data.download import safe_extract
 from yolo_cb.data.resolve import DatasetConfigError, check_data
@@ -81,7 +81,7 @@ def test_relative_path_found_next_to_yaml_then_under_datasets_dir(tmp_path, monk
 
 
 def test_bundled_coco8_resolves_against_shared_copy():
-    shared = Path(os.environ.get("YOLO_CB_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "datasets"
+    shared = SHARED / "datasets"
     if not (shared / "coco8").is_dir():
         pytest.skip("shared coco8 not available")
     out = check_data("coco8.yaml", datasets_dir=str(shared))  # finds it: no download, nothing written

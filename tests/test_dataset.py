@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import types
 from pathlib import Path
@@ -12,13 +11,14 @@ import cv2
 import numpy as np
 import pytest
 import yaml
+from shared_data import SHARED
 
 from yolo_cb.data import verify
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader
 from yolo_cb.paths import DEFAULT_CFG
 
-SHARED_SHAPES = Path(os.environ.get("YOLO_CB_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "datasets" / "shapes"
+SHARED_SHAPES = SHARED / "datasets" / "shapes"
 NAMES = ["circle", "rectangle", "triangle", "cross"]
 
 

@@ -29,15 +29,12 @@ Tolerance: |ours - Megvii| <= 1e-4 * max(1, |Megvii|), i.e. absolute 1e-4 for va
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
+from shared_data import GOLDEN_DIR
 
 from yolo_cb.nn.loss import ASSIGNERS, YOLOXLoss
 
-GOLDEN_DIR = Path(os.environ.get("YOLO_CB_GOLDEN_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "golden" / "yolox")
 LOSS_FILE = GOLDEN_DIR / "yolox_nano_loss.pt"
 WEIGHTS_FILE = GOLDEN_DIR / "yolox_nano_megvii.pth"
 TOL = 1e-4  # absolute below 1, relative above

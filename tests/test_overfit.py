@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from shared_data import SHARED
 from torchvision.ops import box_convert, box_iou
 
 from yolo_cb.nn import build_model
 from yolo_cb.nn.postprocess import postprocess
 
-SHARED = Path(os.environ.get("YOLO_CB_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 SHAPES = SHARED / "datasets" / "shapes"
 IMGSZ = 256  # letterboxed square input size
 NUM_IMAGES = 8  # images in the fixed batch

@@ -23,7 +23,6 @@ import hashlib
 import http.server
 import logging
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import GOLDEN_DIR
 
 from yolo_cb import YOLO, weights
 from yolo_cb.engine.backend import load_backend
@@ -42,7 +42,6 @@ from yolo_cb.errors import CheckpointError
 from yolo_cb.nn import build_model, megvii
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
 
-GOLDEN_DIR = Path(os.environ.get("YOLO_CB_GOLDEN_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "golden" / "yolox")
 VARIANTS = {"nano": ("yolox-nano", 416, 912_159), "s": ("yolox-s", 640, 8_968_255)}  # name, Megvii's input size, parameters
 TOL = 1e-4
 MARGIN = 1e-8  # score separation that float noise cannot flip (measured difference: 2e-10)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import SHARED
 
 from yolo_cb import YOLO
 from yolo_cb.callbacks import Callbacks
@@ -24,7 +25,6 @@ from yolo_cb.engine.val_metrics import DetectionMetrics
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
 QUICK = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=2, workers=0, mosaic=0.0, mlflow=False, tensorboard=False,
              onnx_check=False, plots=False, no_aug_epochs=0, warmup_epochs=0.0, optimizer="AdamW", lr0=0.002)
 

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from shared_data import SHARED
 from torch import nn
 
 from yolo_cb.config import get_config
 from yolo_cb.engine.validator import Validator
 from yolo_cb.utils.log import LOGGER
 
-COCO8 = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco8"
+COCO8 = SHARED / "datasets" / "coco8"
 IMGSZ = 128
 TOL = 1e-4
 
