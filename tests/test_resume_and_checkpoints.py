@@ -76,10 +76,10 @@ def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path, monkeypatch):
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
     ckpt = load_checkpoint(last)
     assert ckpt["optimizer"] is not None and ckpt["epoch"] >= 1
-    monkeypatch.setenv("CBPKG_LOG", str(batches))  # the resumed run re-applies the saved cbpkg:log_batch callback in this process
+    monkeypatch.setenv("CBPKG_LOG", str(batches))  # the resumed run gets cbpkg:log_batch again (a checkpoint names no code)
     resumed = YOLO()
     resumed.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
-    metrics = resumed.train(resume=str(last))
+    metrics = resumed.train(resume=str(last), callbacks="on_train_batch_end=cbpkg:log_batch")
     assert "metrics/mAP50-95(B)" in metrics and resumed.trainer.start_epoch == ckpt["epoch"] + 1
 
 

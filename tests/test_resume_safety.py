@@ -96,7 +96,7 @@ def test_kill_before_the_first_best_then_resume_finishes_the_run(tmp_path, data)
     assert first.returncode == -signal.SIGKILL, first.stdout[-3000:] + first.stderr[-3000:]
     assert not (run / "weights" / "best.pt").exists() and not (run / "results.csv").exists()
 
-    second = cli(tmp_path, f"resume={run / 'weights' / 'last.pt'}")
+    second = cli(tmp_path, f"resume={run / 'weights' / 'last.pt'}", "callbacks=")  # a checkpoint names no code: given again, empty
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-3000:]
     assert "resuming from epoch 2 of 1" not in out
@@ -120,7 +120,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     before_outside, before_run = snapshot(tmp_path / "somewhere"), snapshot(runs / "exp")
     before_args = (tmp_path / "args.yaml").read_bytes()
 
-    second = cli(tmp_path, f"resume={elsewhere}")
+    second = cli(tmp_path, f"resume={elsewhere}", "callbacks=", f"project={runs}", "name=exp")  # places: the user's, never the file's
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-3000:]
     assert (tmp_path / "args.yaml").read_bytes() == before_args
@@ -135,7 +135,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     (runs / "exp").rename(moved)
     before_moved = snapshot(moved)
     model = YOLO()
-    model.train(resume=str(moved / "weights" / "last.pt"))
+    model.train(resume=str(moved / "weights" / "last.pt"), callbacks=None, project=str(runs))
     assert snapshot(moved) == before_moved
     assert model.trainer.save_dir.resolve() != moved.resolve() and load_checkpoint(model.trainer.wdir / "last.pt")["epoch"] == 1
 
@@ -155,13 +155,13 @@ def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path,
     assert saved["data"] == ckpt["train_args"]["data"] == str((a / "base.yaml").resolve())
     before = snapshot(run)
 
-    other_model = cli(tmp_path, f"resume={last}", "model=yolox-tiny.yaml")
+    other_model = cli(tmp_path, f"resume={last}", "model=yolox-tiny.yaml", "callbacks=")
     assert other_model.returncode == 2, other_model.stdout[-3000:] + other_model.stderr[-3000:]
     assert "yolox-tiny.yaml" in other_model.stderr and "yolox-nano.yaml" in other_model.stderr and "Traceback" not in other_model.stderr
 
     original = (a / "base.yaml").read_text()
     write_data(a, shapes_dir, n_train=4)  # the same YAML now lists another dataset
-    changed = cli(tmp_path, f"resume={last}")
+    changed = cli(tmp_path, f"resume={last}", "callbacks=")
     assert changed.returncode == 2, changed.stdout[-3000:] + changed.stderr[-3000:]
     message = changed.stderr
     assert "dataset" in message and str((a / "base.yaml").resolve()) in message and "8 train" in message and "4 train" in message
@@ -171,7 +171,7 @@ def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path,
     (a / "base.yaml").write_text(original)
     write_data(a, shapes_dir)
     write_data(b, shapes_dir, n_train=4)  # another base.yaml where the resume is started: must not be picked up
-    resumed = cli(tmp_path, f"resume={last}", cwd=b)
+    resumed = cli(tmp_path, f"resume={last}", "callbacks=", cwd=b)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     ckpt = load_checkpoint(last)
     assert ckpt["epoch"] == 1 and ckpt["train_args"]["data"] == str((a / "base.yaml").resolve())

@@ -57,7 +57,7 @@ class YOLO:
         from yolo_cb.engine.checkpoint import load_checkpoint
 
         self.overrides = {k: v for k, v in (load_checkpoint(self.source).get("train_args") or {}).items()
-                          if k in ("data", "imgsz", "datasets_dir")}
+                          if k in ("data", "imgsz")}  # never a place to write (datasets_dir): the user's, else the default
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
@@ -363,16 +363,18 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
     nothing will be trained (the caller says so)."""
     from yolo_cb.engine.checkpoint import is_finished, load_checkpoint
+    from yolo_cb.engine.checkpoint_settings import resumable_settings
 
     value = overrides["resume"]
     path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
     ckpt = load_checkpoint(path)
     path = path.resolve()
-    saved = dict(ckpt.get("train_args") or {})
     given = {k: v for k, v in overrides.items() if k != "resume"}
+    finished = is_finished(ckpt)
+    saved = resumable_settings(dict(ckpt.get("train_args") or {}), given, path, trains=not finished)  # no code, no place to write
     requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
     requested.resume = str(path)
-    if is_finished(ckpt):
+    if finished:
         return requested, ckpt, path
     if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
         requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)

@@ -82,6 +82,16 @@ def _torch_class(name: str):
     return None
 
 
+def names_code(value: Any) -> bool:
+    """Whether an lr_scheduler value names code to import (module:function, module:Class): anything but a built-in
+    schedule, none, or a torch scheduler class. Parsed only, never imported; a malformed value counts as code."""
+    try:
+        name, _ = parse_lr_scheduler(value)
+    except ValueError:
+        return True
+    return not (name == "none" or name in BUILTIN or _torch_class(name) is not None)
+
+
 def resolve(value: Any, args: Any = None) -> tuple[str, str, dict, Any]:
     """Check the setting fully: (kind, name, parameters, target) with kind builtin | function | class | torch | none."""
     name, params = parse_lr_scheduler(value)

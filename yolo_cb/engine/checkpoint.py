@@ -3,7 +3,8 @@
 Keys: model, ema (state_dicts), optimizer, epoch, best_fitness, train_args, model_cfg, names,
 callbacks (callback states), rng (torch / numpy / python states), metrics, version, date; and for a safe
 resume: save_dir (the run folder, absolute), best_epoch and last_is_best (which epoch best.pt holds, and
-whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names).
+whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names); and
+tensors_crc32, the checksum every load verifies.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import io
 import pickle
 import random
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from yolo_cb.errors import CheckpointError, ConfigError
+from yolo_cb.errors import CheckpointError, ConfigError, os_reason
 from yolo_cb.utils.files import atomic_write_bytes
 
 
@@ -29,11 +32,45 @@ class ResumeError(ConfigError):
     """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
 
 
+CHECKSUM_KEY = "tensors_crc32"  # CRC-32 of every tensor's bytes, in key order: a flipped or torn record fails the load
+
+
+def tensors_checksum(obj: Any) -> int:
+    """CRC-32 over the bytes of every tensor in `obj` (dicts in sorted-key order, lists in order), with their dtypes and
+    shapes: catches corruption (a flipped block, a torn write), not a forger, who could recompute it."""
+    crc = 0
+
+    def visit(value: Any) -> None:
+        nonlocal crc
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous().reshape(-1)
+            crc = zlib.crc32(f"{tensor.dtype}{tuple(value.shape)}".encode(), crc)
+            crc = zlib.crc32(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"", crc)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                if key != CHECKSUM_KEY:
+                    visit(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    visit(obj)
+    return crc
+
+
 def serialize_checkpoint(ckpt: dict[str, Any]) -> bytes:
-    """The checkpoint as bytes (torch.save format), to write to one or several files."""
+    """The checkpoint as bytes (torch.save format), with its tensors' checksum, to write to one or several files."""
     buffer = io.BytesIO()
-    torch.save(ckpt, buffer)
+    torch.save({**ckpt, CHECKSUM_KEY: tensors_checksum(ckpt)}, buffer)
     return buffer.getvalue()
+
+
+def verify_checksum(ckpt: dict[str, Any], path: Path) -> None:
+    """Raise CheckpointError naming `path` when its tensors are not the ones written (files without a checksum pass)."""
+    recorded = ckpt.get(CHECKSUM_KEY)
+    if recorded is not None and int(recorded) != tensors_checksum(ckpt):
+        raise CheckpointError(f"checkpoint '{path}' is corrupt: its tensors do not match the checksum written with them "
+                              f"(a damaged disk, copy or download); use another copy, e.g. best.pt, or an earlier checkpoint")
 
 
 def save_checkpoint(ckpt: dict[str, Any] | bytes, path: Path) -> Path:
@@ -42,11 +79,26 @@ def save_checkpoint(ckpt: dict[str, Any] | bytes, path: Path) -> Path:
     return Path(path)
 
 
+def _check_torch_file(path: Path) -> None:
+    """CheckpointError unless the file starts as torch.save writes (a zip archive, or a legacy pickle): a text or empty
+    file is named as such, not as pickled objects or an unpickler's IndexError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint '{path}': {os_reason(error)}") from error
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        what = "an empty file" if not head else f"it starts with {head!r}, a text file?" if head.isascii() else f"it starts with {head!r}"
+        raise CheckpointError(f"'{path}' is not a checkpoint ({what}): yolo-cb checkpoints are torch.save files (.pt) written by "
+                              f"yolo-cb train; name a .pt from a run's weights/ folder, or a model YAML to build a fresh model")
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a yolo-cb checkpoint safely; anything that needs arbitrary unpickling is refused, never run."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint '{path}' does not exist")
+    _check_torch_file(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -55,7 +107,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"(a whole nn.Module, a custom class or a crafted payload). yolo-cb loads checkpoints with "
             f"torch.load(weights_only=True) only. Re-save it as a plain dict of state_dicts. Detail: {str(error).splitlines()[0]}"
         ) from None
-    except (RuntimeError, EOFError, ValueError) as error:
+    except (RuntimeError, EOFError, ValueError, IndexError, KeyError, AttributeError, OSError, zipfile.BadZipFile) as error:
+        if isinstance(error, OSError) and not isinstance(error, zipfile.BadZipFile) and error.errno is not None:
+            raise CheckpointError(f"cannot read checkpoint '{path}': {os_reason(error)}") from error
         raise CheckpointError(f"cannot read checkpoint '{path}' (truncated, or not a torch file?): {str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
     if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt) or "model_cfg" not in ckpt:
         from yolo_cb.nn import megvii
@@ -63,6 +117,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
             return megvii.convert(ckpt, path)
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
+    verify_checksum(ckpt, path)
     return ckpt
 
 
@@ -70,14 +125,29 @@ def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = Fal
     """Build the YOLOX model a checkpoint describes and load its EMA weights (or raw weights)."""
     from yolo_cb.nn import build_model
 
+    where = "the checkpoint" if isinstance(ckpt, dict) else f"checkpoint '{ckpt}'"
     if not isinstance(ckpt, dict):
         ckpt = load_checkpoint(ckpt)
     names = {int(k): v for k, v in ckpt["names"].items()}
     model = build_model(ckpt["model_cfg"], nc=len(names), verbose=verbose)
     state = ckpt.get("ema") or ckpt["model"]
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    load_weights_strictly(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, where)
     model.names = names
     return model.float().eval()
+
+
+def load_weights_strictly(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """load_state_dict, or CheckpointError in one line when the weights do not fit the architecture the file records."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    reshaped = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    if missing or unexpected or reshaped:
+        first = (reshaped or missing or unexpected)[0]
+        raise CheckpointError(f"{where}: its weights do not fit the architecture it records "
+                              f"({len(missing)} missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. "
+                              f"'{first}'); the file was altered or assembled from two models: use another checkpoint")
+    model.load_state_dict(state)
 
 
 def rng_states() -> dict:

@@ -29,6 +29,7 @@ from yolo_cb.engine.checkpoint import (
     checkpoint_epoch,
     dataset_fingerprint,
     load_checkpoint,
+    load_weights_strictly,
     rng_states,
     save_checkpoint,
     set_rng_states,
@@ -41,9 +42,10 @@ from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
 from yolo_cb.engine.stop import StopCause
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.files import default_project, run_dir
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV, restore_process_state, save_process_state
+from yolo_cb.utils.run_lock import RunFolderInUse, RunLock, lock_run_folder
 
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
 # exit codes after a signal (last.pt saved first); 143 and 138 tell a job script to requeue (docs/distributed.md)
@@ -102,6 +104,7 @@ class Trainer:
         self.resume_ckpt: dict | None = None
         self.save_dir: Path | None = None
         self.wdir: Path | None = None
+        self._run_lock: RunLock | None = None  # rank 0's exclusive hold on save_dir while the run lasts
         self.num_batches = 0
         self.batch_instances = 0
         self.batch_size_px = args.imgsz
@@ -234,6 +237,8 @@ class Trainer:
             close_loaders(self.train_loader, self.test_loader)
             self._teardown_distributed(clean_exit=self.exception is None)
             restore_process_state(previous_state, LOGGER)
+            if self._run_lock is not None:
+                self._run_lock.release()
 
     # --- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -331,11 +336,17 @@ class Trainer:
 
     def _make_save_dir(self) -> None:
         self._record_data_path()
-        if self.save_dir is None:
-            folder = None
-            if self.is_main:
-                folder = self._resume_dir() if self.resume_ckpt is not None else run_dir(self.args, "train")
-            self.save_dir = Path(distributed.broadcast_object(str(folder) if folder else None))
+        folder, refusal = self.save_dir, None
+        if self.is_main:
+            try:
+                folder = folder or (self._resume_dir() if self.resume_ckpt is not None else run_dir(self.args, "train"))
+                self._run_lock = lock_run_folder(folder)  # one run per folder: a second one is refused before writing
+            except RunFolderInUse as error:
+                refusal = str(error)
+        folder, refusal = distributed.broadcast_object((str(folder) if folder else None, refusal))
+        if refusal:
+            raise RunFolderInUse(refusal)
+        self.save_dir = Path(folder)
         self.wdir = self.save_dir / "weights"
         if self.is_main:
             self.wdir.mkdir(parents=True, exist_ok=True)
@@ -354,17 +365,22 @@ class Trainer:
             pass  # check_data reports it, with every place it looked
 
     def _resume_dir(self) -> Path:
-        """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/, else a new one."""
+        """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
+        other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
+        checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
         path = Path(str(self.args.resume)).expanduser().resolve()
-        recorded = self.resume_ckpt.get("save_dir")
-        if recorded and path.parent == Path(recorded).resolve() / "weights":
-            return Path(recorded)
+        recorded, own = self.resume_ckpt.get("save_dir"), path.parent.parent
+        at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
+        named = (Path(self.args.project) if self.args.project else default_project(self.args)) / (self.args.name or own.name)
+        if at_home and (not (self.args.project or self.args.name) or named.resolve() == own):
+            return own
         from yolo_cb.config import Config
 
         folder = run_dir(Config(**{**self.args.as_dict(), "exist_ok": False}), "train")
-        why = f"it belongs to the run folder {recorded}" if recorded else "it records no run folder (written by an older yolo-cb)"
-        LOGGER.warning(f"WARNING {path} does not lie in its run folder's weights/ ({why}): resuming into a new run folder "
-                       f"{folder}; nothing is written next to {path}")
+        why = (f"project=/name= name another folder than its own, {own}" if at_home else
+               f"{path} does not lie in the weights/ of its run folder {recorded}" if recorded else
+               f"{path} records no run folder (written by an older yolo-cb)")
+        LOGGER.warning(f"WARNING resuming into a new run folder {folder}: {why}; nothing is written next to {path}")
         return folder
 
     def _restore_best(self) -> None:
@@ -721,7 +737,7 @@ class Trainer:
     # --- resume ---------------------------------------------------------------------------
     def _load_resume_state(self, ckpt: dict) -> None:
         model = unwrap(self.model)
-        model.load_state_dict(ckpt["model"])
+        load_weights_strictly(model, ckpt["model"], f"checkpoint '{self.args.resume}'")
         if ckpt.get("optimizer"):
             self.optimizer.load_state_dict(ckpt["optimizer"])
         else:

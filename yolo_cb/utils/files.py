@@ -15,7 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from yolo_cb.errors import WriteError, os_reason
+from yolo_cb.errors import ConfigError, WriteError, os_reason
 
 # OSErrors caused by where the user asked us to write, not by a bug: reported as WriteError
 USER_FIXABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EFBIG}
@@ -79,17 +79,42 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Path:
-    """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder."""
+    """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder.
+
+    Claiming a name is its mkdir (without exist_ok): of several processes starting at once, each gets its own folder."""
     path = Path(path)
-    if path.exists() and not exist_ok:
-        stem = re.sub(r"\d+$", "", path.name) or path.name
-        n = 2
-        while (path.parent / f"{stem}{n}").exists():
-            n += 1
-        path = path.parent / f"{stem}{n}"
-    if mkdir:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
+    if exist_ok or not mkdir:
+        if mkdir:
+            path.mkdir(parents=True, exist_ok=True)
+        return path if exist_ok or not path.exists() else _next_free(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate = path
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            candidate = _next_free(path, after=candidate)
+
+
+def _next_free(path: Path, after: Path | None = None) -> Path:
+    """The first name path.stem2, stem3, ... (after `after`, if given) that does not exist yet."""
+    stem = re.sub(r"\d+$", "", path.name) or path.name
+    n = 2
+    if after is not None and after != path:
+        n = int(after.name[len(stem):]) + 1
+    while (path.parent / f"{stem}{n}").exists():
+        n += 1
+    return path.parent / f"{stem}{n}"
+
+
+def _plain_name(name: str) -> str:
+    """name= as a folder inside project=: absolute names and '..' parts (which would write elsewhere) are refused."""
+    parts = Path(str(name)).parts
+    if Path(str(name)).is_absolute() or ".." in parts or not parts:
+        raise ConfigError(f"name={name}: a run's name is a folder inside project=, not a path out of it; give a plain name "
+                          f"(e.g. name=exp), and put the place in project=")
+    return str(name)
 
 
 RUNS_DIR = Path("runs")  # where run folders go when project= is empty: runs/<task>/<mode>, as Ultralytics
@@ -106,7 +131,7 @@ def run_dir(args, mode: str) -> Path:
 
     A project= that cannot hold it (a file, read-only, full) raises WriteError naming project= and the reason."""
     project = Path(args.project) if args.project else default_project(args)
-    wanted = project / (args.name or mode)
+    wanted = project / _plain_name(args.name or mode)
     try:
         return increment_path(wanted, exist_ok=bool(args.exist_ok))
     except OSError as error:

@@ -1,0 +1,91 @@
+"""Checkpoints that are not what was written (issue 26.6 and its one-line errors): a block flipped inside a tensor
+fails the checksum on every load (val, predict, export, resume); a text file named .pt and weights that do not fit
+their architecture record are one line, exit 2, on the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_resume_safety import SMALL, cli, kv, write_data
+
+from yolo_cb.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shapes_dir) -> tuple[Path, Path]:
+    """(last.pt of an unfinished two-epoch run stopped after epoch 1, its data YAML)."""
+    root = tmp_path_factory.mktemp("integrity")
+    data = write_data(root / "data", shapes_dir)
+    done = cli(root, *kv({**SMALL, "data": data, "epochs": 1, "project": root / "runs", "name": "base"}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "runs" / "base" / "weights" / "last.pt", data
+
+
+def flip_inside_largest_tensor(source: Path, target: Path, size: int = 4096) -> None:
+    """Copy `source` to `target` with `size` bytes inverted in the middle of its largest weight tensor's record."""
+    ckpt = torch.load(source, weights_only=True)
+    tensor = max(ckpt["ema"].values(), key=lambda t: t.numel() * t.element_size())
+    raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    assert len(raw) > 2 * size
+    blob = bytearray(source.read_bytes())
+    start = blob.find(raw[:256])
+    assert start >= 0
+    middle = start + len(raw) // 2
+    blob[middle:middle + size] = bytes(b ^ 0xFF for b in blob[middle:middle + size])
+    target.write_bytes(bytes(blob))
+
+
+def yolo_cb(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolo_cb", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and all(w in result.stderr for w in words), result.stderr[-3000:]
+
+
+def test_a_flipped_block_fails_every_load_by_name(tmp_path, trained):
+    last, data = trained
+    bad = tmp_path / "flipped.pt"
+    flip_inside_largest_tensor(last, bad)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(bad)
+    ckpt = torch.load(bad, weights_only=True)  # what today's torch accepts without a word
+    assert ckpt["epoch"] == 0
+    images = sorted((Path(data).parent).glob("*.train.txt"))[0].read_text().split()[0]
+    for command in (["val", f"model={bad}", f"data={data}", "imgsz=64"], ["predict", f"model={bad}", f"source={images}"],
+                    ["export", f"model={bad}", "format=onnx"], ["train", f"resume={bad}", "callbacks="]):
+        assert_one_line(yolo_cb(tmp_path, *command), str(bad), "corrupt")
+    assert not list(tmp_path.glob("*.onnx")) and not (tmp_path / "runs").exists()
+
+
+def test_a_good_checkpoint_round_trips_its_checksum(tmp_path, trained):
+    ckpt = load_checkpoint(trained[0])
+    assert isinstance(ckpt["tensors_crc32"], int)
+    save_checkpoint(ckpt, tmp_path / "copy.pt")
+    assert load_checkpoint(tmp_path / "copy.pt")["tensors_crc32"] == ckpt["tensors_crc32"]
+
+
+@pytest.mark.parametrize("content", [b"hello world", b"not a checkpoint, just text\n", b"", b"PK\x03\x04truncated"])
+def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, trained, content):
+    fake = tmp_path / "fake.pt"
+    fake.write_bytes(content)
+    for command in (["val", f"model={fake}", f"data={trained[1]}"], ["train", f"resume={fake}"],
+                    ["train", f"pretrained={fake}", f"data={trained[1]}", "epochs=1", f"project={tmp_path / 'runs'}"]):
+        assert_one_line(yolo_cb(tmp_path, *command), str(fake))
+
+
+def test_weights_that_do_not_fit_their_architecture_record_are_one_line(tmp_path, trained):
+    ckpt = load_checkpoint(trained[0])
+    ckpt["model_cfg"] = {**ckpt["model_cfg"], "width": ckpt["model_cfg"]["width"] * 2}  # a record of a wider model
+    ckpt["finished"], ckpt["epochs"], ckpt["train_args"]["epochs"] = False, 2, 2  # a run a resume continues
+    mismatched = tmp_path / "mismatched.pt"
+    save_checkpoint(ckpt, mismatched)
+    assert_one_line(yolo_cb(tmp_path, "val", f"model={mismatched}", f"data={trained[1]}", "imgsz=64"), str(mismatched), "do not fit")
+    assert_one_line(yolo_cb(tmp_path, "train", f"resume={mismatched}", "callbacks="), str(mismatched), "do not fit")

@@ -1,0 +1,74 @@
+"""Which of a checkpoint's saved settings a resume takes: a file yolo-cb did not write names no code and no place to write.
+
+A checkpoint loads with ``torch.load(weights_only=True)``, so unpickling runs nothing; but its ``train_args`` are plain
+strings that other code would import (``callbacks``, an ``lr_scheduler`` naming ``module:function``, a ``cfg=`` file
+that may declare either) or write to (``project``, ``name``, ``datasets_dir``, ...). Those come only from the user's
+own command, YAML or call. On resume, a code-naming setting the checkpoint records must be given again (the same, or
+empty to resume without it): otherwise the resume is refused with one line, since dropping it silently would change
+the run. Places are never taken from the checkpoint: the user's value, else today's default layout.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from pathlib import Path
+from typing import Any
+
+from yolo_cb.errors import ConfigError
+
+# Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
+CODE_SETTINGS = ("callbacks", "lr_scheduler")
+# Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
+# which may declare code) and places to write (or a server to write to): the user's value, else the default.
+PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
+
+def short_repr(value: Any) -> str:
+    """A value as a short repr (at most a few dozen characters): messages never print a whole crafted value."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    short.maxlist = short.maxdict = 3
+    short.maxlevel = 2
+    return short.repr(value)
+
+
+def _names_code(key: str, value: Any) -> bool:
+    if value in (None, "", [], {}, (), False):
+        return False
+    if key == "lr_scheduler":
+        from yolo_cb.callbacks.lr_schedule import names_code
+
+        return names_code(value)
+    return True
+
+
+def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
+    from yolo_cb.callbacks.lr_schedule import parse_lr_scheduler
+
+    try:
+        return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
+    except ValueError:
+        return False
+
+
+def resumable_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path | str, trains: bool = True) -> dict[str, Any]:
+    """The checkpoint's settings a resume may use, under the user's `given` ones: no place, no code.
+
+    When the resume `trains` (the run is not finished), raises ConfigError (one line, the value shortened) for code the
+    checkpoint records and the user did not give again, or an lr_scheduler naming code the user gives differently."""
+    saved = {k: v for k, v in train_args.items() if k not in PLACE_SETTINGS}
+    for key in CODE_SETTINGS:
+        recorded = saved.pop(key, None)
+        if not _names_code(key, recorded):
+            if recorded is not None:
+                saved[key] = recorded  # a built-in schedule: plain data, part of what is trained
+            continue
+        if not trains:
+            continue  # a finished run: nothing will run, so nothing is missing
+        if key not in given:
+            raise ConfigError(f"cannot resume {path}: it records {key}={short_repr(recorded)}, and yolo-cb never takes code "
+                              f"from a checkpoint; give {key}= again (the same value to keep it, or an empty "
+                              f"{key}= to resume without it)")
+        if key == "lr_scheduler" and not _same_lr_scheduler(given[key], recorded):
+            raise ConfigError(f"cannot change lr_scheduler={short_repr(given[key])} (was {short_repr(recorded)}) when resuming {path}: "
+                              f"the schedule decides what is trained; give the same lr_scheduler= again")
+    return saved
