@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from yolo_cb.errors import ConfigError, UserError, load_yaml
 from yolo_cb.tune import report
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
 from yolo_cb.tune.space import default_space, parse_space, tunable_settings
+from yolo_cb.tune.storage import open_storage
 from yolo_cb.tune.tracking import TuneTracker
 from yolo_cb.utils.files import atomic_write_text, run_dir
 from yolo_cb.utils.log import LOGGER, setup_logging
@@ -86,13 +86,12 @@ class Tuner:
         self.params, baseline = self._space(record)
         self.baseline = baseline
         self.fixed = self._fixed_hyperparameters()
-        if record is not None:
-            self.tune_dir = Path(record["_folder"])
-        else:
-            self.tune_dir = run_dir(self.args, "tune")
+        given_storage = self.args.storage or (record or {}).get("storage")
+        self.storage = open_storage(optuna, given_storage) if given_storage else None  # a bad storage= fails before the folder is made
+        self.tune_dir = Path(record["_folder"]) if record is not None else run_dir(self.args, "tune")
         self.trials_dir = self.tune_dir / "trials"
         self.study_name = record["study_name"] if record else (self.args.name or DEFAULT_STUDY)
-        self.storage_url = self.args.storage or (record or {}).get("storage") or f"sqlite:///{(self.tune_dir / STUDY_DB).resolve()}"
+        self.storage_url = given_storage or f"sqlite:///{(self.tune_dir / STUDY_DB).resolve()}"
         self.resumed = record is not None
 
     # --- settings -----------------------------------------------------------------------------
@@ -220,19 +219,6 @@ class Tuner:
         atomic_write_text(self.tune_dir / RECORD, yaml.safe_dump(record, sort_keys=False))
 
     # --- the study ----------------------------------------------------------------------------
-    def _storage(self):
-        url = self.storage_url
-        if not url.startswith("sqlite:"):
-            return url
-        for attempt in range(3):  # several processes on one new file may race to create its tables: the loser tries again
-            try:  # and each waits for the file's lock instead of failing at once
-                return self.optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
-            except Exception as error:
-                racing = any(sign in str(error) for sign in ("locked", "already exists", "UNIQUE constraint failed"))
-                if attempt == 2 or not racing:
-                    raise
-                time.sleep(1.0 + attempt)
-
     def _pruner(self):
         if self.pruner_object is not None:
             return self.pruner_object
@@ -245,7 +231,7 @@ class Tuner:
 
     def _open_study(self):
         optuna = self.optuna
-        storage = self._storage()
+        storage = self.storage or open_storage(optuna, self.storage_url)
         how = "resumed"
         if self.resumed:
             study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self._pruner())
