@@ -257,6 +257,36 @@ def test_cli_refuses_unknown_keys_and_bad_space(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def bad_storages(tmp_path: Path) -> list[tuple[str, str]]:
+    """(storage= value, what the one-line error says): each a value that cannot hold a study."""
+    (tmp_path / "a_folder").mkdir(exist_ok=True)
+    (tmp_path / "notes.txt").write_text("not a database\n" * 20)
+    return [("nonsense", "not a database URL; give an Optuna storage URL"),
+            ("sqlite://", "an in-memory SQLite database keeps nothing"),
+            (f"sqlite:///{tmp_path}/missing/study.db", f"the folder {tmp_path}/missing does not exist"),
+            (f"sqlite:///{tmp_path}/a_folder", f"{tmp_path}/a_folder is a folder; name a database file in it"),
+            (f"sqlite:///{tmp_path}/notes.txt", "cannot open the database: file is not a database"),
+            ("postgresql://127.0.0.1:1/optuna", "(the Python driver for postgresql|cannot open the database)"),  # a closed port
+            ("mysql://user:secret@127.0.0.1:1/optuna", "(the Python driver for mysql|cannot open the database)"),
+            ("http://127.0.0.1:1/optuna", "'http' is no database SQLAlchemy knows")]
+
+
+def test_bad_storage_is_one_error_before_the_tune_folder(tmp_path, shapes_small_yaml):
+    import re
+
+    base = {**TRIAL, "data": str(shapes_small_yaml), "space": SPACE, "mlflow": False, "project": str(tmp_path / "tunes")}
+    bad = bad_storages(tmp_path)
+    for value, expected in bad:
+        with pytest.raises(ConfigError, match=f"^storage='{re.escape(value.replace('user:secret@', ''))}': {expected}"):
+            YOLO("yolox-nano.yaml").tune(**base, storage=value)
+    for value, expected in (bad[0], bad[1], bad[6]):  # and on the command line: exit 2, one line
+        proc = subprocess.run([sys.executable, "-m", "yolo_cb", "tune", *cli_args({**base, "storage": value})], cwd=tmp_path,
+                              env=cli_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (value, proc.stderr)
+        assert re.search(expected, proc.stderr) and "secret" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "tunes").exists()  # no tune folder was made
+
+
 def test_without_optuna_tune_says_how_to_install(tmp_path, monkeypatch):
     hide = "import sys; sys.modules['optuna'] = None; from yolo_cb.cli import entrypoint; entrypoint(sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", hide, "tune", "data=shapes.yaml", "iterations=2"], cwd=tmp_path, env=cli_env(tmp_path),

@@ -31,3 +31,15 @@ def wait_for_peer(trainer):
         if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))) >= 2:
             return
         time.sleep(0.5)
+
+
+def hold_second_epoch(trainer):
+    """on_train_epoch_start, when $TUNE_HOLD names a file: at epoch 2 (last.pt of epoch 1 is saved by then) create that
+    file and wait until trainer.stop is set (a SIGTERM sets it) or 120 s pass, so a test can kill the trial there."""
+    marker = os.environ.get("TUNE_HOLD")
+    if not marker or trainer.epoch != 1:
+        return
+    open(marker, "w").close()
+    deadline = time.monotonic() + 120
+    while not trainer.stop and time.monotonic() < deadline:
+        time.sleep(0.05)

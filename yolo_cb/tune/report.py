@@ -95,20 +95,32 @@ def keep_best_run_dirs(study, trials_dir: Path, keep: int) -> list[Path]:
     if keep <= 0:
         return []
     ranked = sorted(completed(study), key=lambda t: t.value, reverse=True)
-    kept = {t.number for t in ranked[:keep]}
+    trials = study.get_trials(deepcopy=False)
+    # a retry trains on in the folder (last.pt) of the interrupted trial it retries: a folder stays while a kept trial, an
+    # unfinished one or an interrupted one not yet queued again uses it
+    requeued = set(study.user_attrs.get("requeued", []))
+    waiting = [t for t in trials if state(t) not in DONE_STATES or (t.user_attrs.get("interrupted") and t.number not in requeued)]
+    in_use = {_folder_of(t) for t in [*ranked[:keep], *waiting]}
     removed = []
     root = Path(trials_dir).resolve()
-    for t in study.get_trials(deepcopy=False):
-        folder = t.user_attrs.get("run_dir")
-        if t.number in kept or state(t) not in DONE_STATES or not folder:
+    for t in trials:
+        path = _folder_of(t)
+        if path is None or path in in_use or path in removed:
             continue
-        path = Path(folder).resolve()
         if path.parent == root and path.is_dir():  # only this tune folder's own trials (a shared study spans machines)
             shutil.rmtree(path)
             removed.append(path)
     if removed:
         LOGGER.info(f"tune_keep={keep}: removed {len(removed)} trial folder(s): {', '.join(p.name for p in removed)}")
     return removed
+
+
+def _folder_of(trial) -> Path | None:
+    """The run folder a trial trains (or will train) in: its run_dir, or for a queued retry the folder of its last.pt."""
+    folder = trial.user_attrs.get("run_dir")
+    if folder is None and trial.user_attrs.get("resume_from"):
+        folder = Path(trial.user_attrs["resume_from"]).parent.parent
+    return Path(folder).resolve() if folder else None
 
 
 def write_plots(study, folder: Path, params: list) -> list[Path]:

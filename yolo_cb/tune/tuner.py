@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,8 +20,10 @@ import yaml
 from yolo_cb.config import ALIASES, get_config
 from yolo_cb.errors import ConfigError, UserError, load_yaml
 from yolo_cb.tune import report
+from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
 from yolo_cb.tune.space import default_space, parse_space, tunable_settings
+from yolo_cb.tune.storage import open_storage
 from yolo_cb.tune.tracking import TuneTracker
 from yolo_cb.utils.files import atomic_write_text, run_dir
 from yolo_cb.utils.log import LOGGER, setup_logging
@@ -86,13 +87,12 @@ class Tuner:
         self.params, baseline = self._space(record)
         self.baseline = baseline
         self.fixed = self._fixed_hyperparameters()
-        if record is not None:
-            self.tune_dir = Path(record["_folder"])
-        else:
-            self.tune_dir = run_dir(self.args, "tune")
+        given_storage = self.args.storage or (record or {}).get("storage")
+        self.storage = open_storage(optuna, given_storage) if given_storage else None  # a bad storage= fails before the folder is made
+        self.tune_dir = Path(record["_folder"]) if record is not None else run_dir(self.args, "tune")
         self.trials_dir = self.tune_dir / "trials"
         self.study_name = record["study_name"] if record else (self.args.name or DEFAULT_STUDY)
-        self.storage_url = self.args.storage or (record or {}).get("storage") or f"sqlite:///{(self.tune_dir / STUDY_DB).resolve()}"
+        self.storage_url = given_storage or f"sqlite:///{(self.tune_dir / STUDY_DB).resolve()}"
         self.resumed = record is not None
 
     # --- settings -----------------------------------------------------------------------------
@@ -220,19 +220,6 @@ class Tuner:
         atomic_write_text(self.tune_dir / RECORD, yaml.safe_dump(record, sort_keys=False))
 
     # --- the study ----------------------------------------------------------------------------
-    def _storage(self):
-        url = self.storage_url
-        if not url.startswith("sqlite:"):
-            return url
-        for attempt in range(3):  # several processes on one new file may race to create its tables: the loser tries again
-            try:  # and each waits for the file's lock instead of failing at once
-                return self.optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
-            except Exception as error:
-                racing = any(sign in str(error) for sign in ("locked", "already exists", "UNIQUE constraint failed"))
-                if attempt == 2 or not racing:
-                    raise
-                time.sleep(1.0 + attempt)
-
     def _pruner(self):
         if self.pruner_object is not None:
             return self.pruner_object
@@ -245,7 +232,7 @@ class Tuner:
 
     def _open_study(self):
         optuna = self.optuna
-        storage = self._storage()
+        storage = self.storage or open_storage(optuna, self.storage_url)
         how = "resumed"
         if self.resumed:
             study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self._pruner())
@@ -259,27 +246,18 @@ class Tuner:
                 study, how = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self._pruner()), "joined"  # scale-out
         if study.direction != optuna.study.StudyDirection.MAXIMIZE:
             raise ConfigError(f"study '{self.study_name}' in {self.storage_url} minimises; a yolo-cb tune maximises {MONITOR}")
+        fail_stale_trials(optuna, study, storage)
         existing = study.get_trials(deepcopy=False)
         seed = self.args.seed + len(existing)  # a resumed or joined study does not replay the draws it already made
         study.sampler = self.sampler_object or optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(10, self.args.iterations // 3)))
         if not existing and not study.user_attrs.get("baseline_enqueued"):
             study.set_user_attr("baseline_enqueued", True)
             study.enqueue_trial(self.baseline, user_attrs={"baseline": True})
-        self._requeue_interrupted(study)
+        requeue_interrupted(study)
         LOGGER.info(f"tune: study '{self.study_name}' {how} in {public_storage(self.storage_url)} ({len(existing)} trials there); "
                     f"{self.args.iterations} trials to finish, {self.args.epochs} epochs each, pruner {type(study.pruner).__name__}; "
                     f"results in {self.tune_dir}")
         return study
-
-    def _requeue_interrupted(self, study) -> None:
-        """On resume, a trial cut short by Ctrl-C is run again with its settings (once)."""
-        done = set(study.user_attrs.get("requeued", []))
-        again = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("interrupted") and t.number not in done]
-        for t in again:
-            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
-        if again:
-            study.set_user_attr("requeued", sorted(done | {t.number for t in again}))
-            LOGGER.info(f"tune: re-running interrupted trial(s) {', '.join(str(t.number) for t in again)} with their settings")
 
     def _done(self, study) -> int:
         return sum(report.counts_as_done(t) for t in study.get_trials(deepcopy=False))
@@ -321,8 +299,11 @@ class Tuner:
     def _objective(self, trial) -> float:
         from yolo_cb.model import YOLO
 
+        record_process(trial)
         params = {p.name: p.suggest(trial) for p in self.params}
-        folder = self.trials_dir / f"trial_{trial.number}"
+        last = Path(trial.user_attrs["resume_from"]) if trial.user_attrs.get("resume_from") else None
+        last = last if last is not None and last.is_file() else None
+        folder = last.parent.parent if last is not None else self.trials_dir / f"trial_{trial.number}"  # a retry goes on in its folder
         trial.set_user_attr("run_dir", str(folder.resolve()))
         trial.set_user_attr("epochs_planned", self.args.epochs)
         model = YOLO(self.source) if self.source else YOLO()
@@ -331,7 +312,10 @@ class Tuner:
         model.add_callbacks(reporter)
         try:
             with self.tracker.trial(trial.number) as set_state:
-                metrics = model.train(**{**self.base, **params, "project": str(self.trials_dir), "name": folder.name, "exist_ok": True})
+                if last is None:
+                    metrics = model.train(**{**self.base, **params, "project": str(self.trials_dir), "name": folder.name, "exist_ok": True})
+                else:
+                    metrics = continue_trial(model, trial, last, self.base)
                 if reporter.pruned_epoch is not None:
                     set_state(state="PRUNED")
         except SystemExit as error:  # SIGTERM inside the trainer: save like Ctrl-C, then exit with its code
@@ -345,7 +329,7 @@ class Tuner:
             raise
         finally:
             trainer = model.trainer
-            trial.set_user_attr("epochs", trainer.completed_epoch + 1 if trainer is not None else 0)
+            trial.set_user_attr("epochs", trainer.completed_epoch + 1 if trainer is not None else epochs_in(last))
             if trainer is not None and trainer.stop_reason:
                 trial.set_user_attr("stop_reason", trainer.stop_reason)
         trial.set_user_attr("metrics", {k: float(v) for k, v in metrics.items() if k.startswith("metrics/")})  # best.pt's validation

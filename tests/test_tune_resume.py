@@ -1,0 +1,78 @@
+"""A tune process killed in the middle of a trial (SIGKILL, SIGTERM), then `yolo-cb tune resume=`: real processes.
+
+The first process trains the baseline trial of 2 epochs and is held at the start of epoch 2 (tests/cbpkg/tune_helpers.py:
+hold_second_epoch), when the trial's last.pt holds epoch 1; there it is killed. The resumed study must re-run that
+trial from its last.pt (in its own folder, the 2nd epoch only), score it, and leave no trial RUNNING.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tune import SPACE, TRIAL, cli_env, read_csv, tune_cli
+
+
+def start_and_hold(tmp_path: Path, data: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """A tune (1 trial of 2 epochs) held at the start of its trial's 2nd epoch: (process, tune folder, trial 0's last.pt)."""
+    folder, hold = tmp_path / "tunes" / "t", tmp_path / "held"
+    settings = {**TRIAL, "epochs": 2, "data": str(data), "iterations": 1, "pruner": "none", "space": SPACE, "mlflow": False,
+                "project": str(tmp_path / "tunes"), "name": "t", "callbacks": "on_train_epoch_start=cbpkg.tune_helpers:hold_second_epoch"}
+    proc = tune_cli(tmp_path, settings, TUNE_HOLD=str(hold))
+    deadline = time.monotonic() + 300
+    while not hold.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    last = folder / "trials" / "trial_0" / "weights" / "last.pt"
+    assert proc.poll() is None and hold.exists() and last.is_file(), proc.communicate(timeout=60)[0][-3000:] if proc.poll() is not None else ""
+    return proc, folder, last
+
+
+def resume(tmp_path: Path, folder: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "yolo_cb", "tune", f"resume={folder}"], cwd=tmp_path, env=cli_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout + proc.stderr
+
+
+def check_continued(folder: Path, out: str) -> None:
+    """The interrupted baseline trial 0 ran again as trial 1, from its last.pt, and was scored; nothing is left RUNNING."""
+    import optuna
+
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{folder / 'study.db'}")
+    states = [(t.number, t.state.name) for t in study.trials]
+    assert states == [(0, "FAIL"), (1, "COMPLETE")], states
+    first, again = study.trials
+    assert first.user_attrs.get("interrupted") is True and first.user_attrs.get("baseline") is True
+    assert again.user_attrs["retry_of"] == 0 and again.user_attrs.get("baseline") is True and again.params == first.params
+    assert again.value is not None and 0.0 <= again.value <= 1.0  # the baseline is scored
+    trial_dir = folder / "trials" / "trial_0"
+    assert again.user_attrs["run_dir"] == str(trial_dir.resolve()) and not (folder / "trials" / "trial_1").exists()
+    assert f"trial 1 continues trial 0 from {trial_dir.resolve() / 'weights' / 'last.pt'}" in out, out[-3000:]
+    assert [int(r["epoch"]) for r in read_csv(trial_dir / "results.csv")] == [1, 2]  # epoch 1 from the first process, 2 resumed
+    assert again.user_attrs["epochs"] == 2 and sorted(again.intermediate_values) == [0, 1]
+    rows = read_csv(folder / "trials.csv")
+    assert [(r["number"], r["state"]) for r in rows] == [("0", "FAIL"), ("1", "COMPLETE")] and rows[1]["fitness"] != ""
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_trial_then_resume_continues_it_from_last_pt(tmp_path, shapes_small_yaml):
+    proc, folder, _ = start_and_hold(tmp_path, shapes_small_yaml)
+    proc.kill()  # SIGKILL: nothing is saved, the trial stays RUNNING in the study
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    out = resume(tmp_path, folder)
+    assert "trial 0 was cut short (its process is gone)" in out, out[-3000:]
+    check_continued(folder, out)
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_trial_then_resume_continues_it_from_last_pt(tmp_path, shapes_small_yaml):
+    proc, folder, _ = start_and_hold(tmp_path, shapes_small_yaml)
+    proc.send_signal(signal.SIGTERM)  # the trainer saves last.pt, the tune marks the trial interrupted and exits 143
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    check_continued(folder, resume(tmp_path, folder))

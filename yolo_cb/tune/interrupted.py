@@ -1,0 +1,110 @@
+"""Trials cut short: by Ctrl-C / SIGTERM (marked `interrupted` on the way out) or by a kill that left them RUNNING.
+
+Each trial records the process training it (host, pid). When a study is opened, a RUNNING trial whose process on this
+host is gone is marked failed and interrupted; every interrupted trial is queued once more with its settings (and its
+`baseline` mark), and the retry continues from the trial's last.pt when there is one, in the trial's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from yolo_cb.utils.log import LOGGER
+
+
+def record_process(trial) -> None:
+    """Note on `trial` which process trains it, so that a later process can tell that it died."""
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+
+
+def _process_gone(trial) -> bool:
+    """Whether the process that ran a RUNNING trial is gone: it is this host's and no longer exists (or none was recorded)."""
+    pid, host = trial.user_attrs.get("pid"), trial.user_attrs.get("host")
+    if pid is None:
+        return True
+    if host != socket.gethostname():
+        return False  # another machine's trial: it may be running still
+    if int(pid) == os.getpid():
+        return True  # this process is not running it: the pid was reused
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def fail_stale_trials(optuna, study, storage) -> list[int]:
+    """Mark failed and interrupted each RUNNING trial whose process is gone (a kill -9 leaves it RUNNING for good)."""
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    stale = [t.number for t in running if _process_gone(t)]
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for number in stale:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        storage.set_trial_user_attr(trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        LOGGER.info(f"tune: trial {number} was cut short (its process is gone); marked failed and interrupted")
+    return stale
+
+
+def requeue_interrupted(study) -> None:
+    """Queue each interrupted trial once more with its settings: from its last.pt when it has one, as the baseline if it was."""
+    done = set(study.user_attrs.get("requeued", []))
+    again = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("interrupted") and t.number not in done]
+    for t in again:
+        attrs = {"retry_of": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})}
+        last = Path(t.user_attrs["run_dir"]) / "weights" / "last.pt" if t.user_attrs.get("run_dir") else None
+        if last is not None and last.is_file():
+            attrs["resume_from"] = str(last)
+        study.enqueue_trial(dict(t.params), user_attrs=attrs)
+    if again:
+        study.set_user_attr("requeued", sorted(done | {t.number for t in again}))
+        LOGGER.info(f"tune: re-running interrupted trial(s) {', '.join(str(t.number) for t in again)} with their settings")
+
+
+def continue_trial(model, trial, last: Path, settings: dict) -> dict:
+    """Train a retry on from the interrupted trial's last.pt (in that trial's folder); its metrics. `settings`: the tune's
+    fixed ones, of which those a training resume may change are passed (device, workers, callbacks, ...)."""
+    from yolo_cb.model import RESUME_MUTABLE
+
+    LOGGER.info(f"tune: trial {trial.number} continues trial {trial.user_attrs['retry_of']} from {last}")
+    carry_over_reports(trial.study, trial, last)
+    done = finished_metrics(last)
+    if done is not None:
+        return done  # killed in its final validation: nothing is left to train
+    return model.train(resume=str(last), **{k: v for k, v in settings.items() if k in RESUME_MUTABLE})
+
+
+def epochs_in(last: Path | None) -> int:
+    """Epochs a trial's last.pt holds (0 without one)."""
+    from yolo_cb.engine.checkpoint import checkpoint_epoch
+
+    epoch = checkpoint_epoch(last) if last is not None else None
+    return epoch + 1 if epoch is not None else 0
+
+
+def carry_over_reports(study, trial, last: Path) -> None:
+    """Report on the retry `trial` what the interrupted trial reported up to the epoch its last.pt holds (pruners see them)."""
+    from yolo_cb.engine.checkpoint import checkpoint_epoch
+
+    saved = checkpoint_epoch(last)
+    original = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.user_attrs["retry_of"])
+    for step, value in sorted(original.intermediate_values.items()):
+        if saved is not None and step <= saved:
+            trial.report(value, step=step)
+
+
+def finished_metrics(last: Path) -> dict | None:
+    """For a last.pt whose run had ended (killed in its final validation): best.pt's saved metrics (last.pt's without one),
+    what that final validation reports; None when the run has epochs left to train."""
+    from yolo_cb.engine.checkpoint import is_finished, load_checkpoint
+
+    ckpt = load_checkpoint(last)
+    if not is_finished(ckpt):
+        return None
+    best = last.parent / "best.pt"
+    return dict((load_checkpoint(best) if best.is_file() else ckpt).get("metrics") or {})
