@@ -1,0 +1,169 @@
+"""Hostile or damaged data: torn cache files, YAML alias bombs, odd numbers, odd file names, archive bombs.
+
+Each test builds the bad input for real (a killed writer, a full tmpfs, a real archive served over loopback
+http) and checks that yolo-cb either works or stops with one line naming the culprit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from shared_data import SHARED
+
+from yolo_cb.data.dataset import YOLODataset
+from yolo_cb.data.npy_cache import npy_valid
+from yolo_cb.paths import DEFAULT_CFG
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+SHAPES = SHARED / "datasets" / "shapes"
+NAMES = ["circle", "rectangle", "triangle", "cross"]
+
+
+def hyp(**overrides) -> types.SimpleNamespace:
+    cfg = yaml.safe_load(DEFAULT_CFG.read_text())
+    cfg.update(overrides)
+    return types.SimpleNamespace(**cfg)
+
+
+def copy_shapes(dest: Path, n: int = 4, split: str = "train") -> Path:
+    """The first n shared shapes images + labels copied into dest/images/<split> (shared/ is never written)."""
+    if not SHAPES.is_dir():
+        pytest.skip(f"shared shapes dataset not found at {SHAPES}")
+    for kind, suffix in (("images", ".jpg"), ("labels", ".txt")):
+        (dest / kind / split).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            name = f"{split}_{i:05d}{suffix}"
+            shutil.copyfile(SHAPES / kind / split / name, dest / kind / split / name)
+    return dest / "images" / split
+
+
+def child_env() -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+
+
+# --- 1. cache=disk: torn .npy files ----------------------------------------------------------------
+def test_torn_npy_caches_are_rebuilt(tmp_path):
+    images = copy_shapes(tmp_path, n=4)
+    plain = YOLODataset(str(images), 160, NAMES, False, hyp())
+    expected = [plain[i]["img"] for i in range(len(plain))]
+    files = sorted(images.glob("*.jpg"))
+    good = np.zeros((4, 4, 3), np.uint8)
+    with open(files[2].with_suffix(".npy"), "wb") as f:
+        np.save(f, good)  # a complete .npy of another image size: not this image's cache
+    full = cv2.imread(str(files[3]))
+    np.save(files[3].with_suffix(".npy"), full)
+    torn = files[3].with_suffix(".npy").read_bytes()
+    files[0].with_suffix(".npy").write_bytes(b"")  # what a full disk leaves
+    files[1].with_suffix(".npy").write_bytes(torn[: len(torn) // 2])  # truncated mid-write
+    files[3].with_suffix(".npy").write_bytes(torn[:100])  # the header and a little data
+    disk = YOLODataset(str(images), 160, NAMES, False, hyp(), cache="disk")
+    for i, rec in enumerate(disk.labels):
+        assert npy_valid(Path(rec["im_file"]).with_suffix(".npy"), rec["im_file"], rec["shape"]), rec["im_file"]
+        assert np.array_equal(disk[i]["img"], expected[i])
+
+
+KILLED_WRITER = """
+import sys, types, yaml
+from yolo_cb.data.dataset import YOLODataset
+from yolo_cb.paths import DEFAULT_CFG
+YOLODataset(sys.argv[1], 160, ["a"], False, types.SimpleNamespace(**yaml.safe_load(DEFAULT_CFG.read_text())), cache="disk")
+"""
+
+
+def big_images(folder: Path, n: int, size: int = 1600) -> list[Path]:
+    """n large, cheaply compressed jpgs (a gradient), so that each .npy takes a while to write."""
+    folder.mkdir(parents=True)
+    ramp = np.linspace(0, 255, size, dtype=np.uint8)
+    out = []
+    for i in range(n):
+        img = np.dstack([np.tile(ramp, (size, 1)), np.tile(ramp[:, None], (1, size)), np.full((size, size), 40 * i, np.uint8)])
+        cv2.imwrite(str(folder / f"{i}.jpg"), img)
+        out.append(folder / f"{i}.jpg")
+    return out
+
+
+def test_kill_9_while_writing_the_disk_cache_leaves_no_torn_npy(tmp_path):
+    images = tmp_path / "images"
+    files = big_images(images, 6)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(images)], env=child_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60  # only a hung child reaches this
+    try:
+        while child.poll() is None and time.monotonic() < deadline and not any(f.with_suffix(".npy").exists() for f in files):
+            time.sleep(0.0005)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, "the child finished before it was killed: make the images bigger"
+    shape = (1600, 1600)
+    present = [f for f in files if f.with_suffix(".npy").exists()]
+    assert present and all(npy_valid(f.with_suffix(".npy"), str(f), shape) for f in present), [
+        (f.name, f.with_suffix(".npy").stat().st_size) for f in present]
+    later = YOLODataset(str(images), 160, ["a"], False, hyp(), cache="disk")
+    assert all(npy_valid(f.with_suffix(".npy"), str(f), shape) for f in files) and len(later[0]["img"].shape) == 3
+
+
+FULL_DISK = """
+import json, shutil, sys, types, logging, yaml
+import cv2
+from pathlib import Path
+import numpy as np
+from yolo_cb.data.dataset import YOLODataset
+from yolo_cb.data.npy_cache import npy_valid
+from yolo_cb.paths import DEFAULT_CFG
+mount, source = Path(sys.argv[1]), Path(sys.argv[2])
+hyp = types.SimpleNamespace(**yaml.safe_load(DEFAULT_CFG.read_text()))
+shutil.copytree(source, mount / "d")
+images = mount / "d" / "images" / "train"
+free = shutil.disk_usage(mount).free
+with open(mount / "filler", "wb") as f:  # leave room for about two of the eight .npy files
+    f.write(b"\\0" * max(0, free - 2 * 400 * 1024))
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+result = {}
+try:
+    YOLODataset(str(images), 160, ["a", "b", "c", "d"], False, hyp, cache="disk")
+    result["first"] = "ok"
+except Exception as e:
+    result["first"] = f"{type(e).__name__}: {e}"
+result["torn_after_full"] = [p.name for p in images.glob("*.npy")
+                           if not npy_valid(p, str(p.with_suffix(".jpg")), cv2.imread(str(p.with_suffix(".jpg"))).shape[:2])]
+result["leftovers"] = [p.name for p in images.iterdir() if p.suffix not in (".jpg", ".npy")]
+(mount / "filler").unlink()
+try:
+    ds = YOLODataset(str(images), 160, ["a", "b", "c", "d"], False, hyp, cache="disk")
+    ds[0]
+    result["second"] = "ok"
+    result["valid_after"] = all(npy_valid(Path(r["im_file"]).with_suffix(".npy"), r["im_file"], r["shape"]) for r in ds.labels)
+except Exception as e:
+    result["second"] = f"{type(e).__name__}: {e}"
+print("RESULT " + json.dumps(result))
+"""
+
+
+def test_full_disk_during_cache_disk_then_freed(tmp_path):
+    from test_bad_input import namespace_with_tmpfs
+
+    source = copy_shapes(tmp_path / "src", n=8).parents[1]
+    mount = tmp_path / "mnt"
+    wrap = namespace_with_tmpfs(mount, "size=4m")
+    out = subprocess.run([*wrap, sys.executable, "-c", FULL_DISK, str(mount), str(source)], capture_output=True, text=True,
+                         env=child_env(), timeout=120)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out.stdout + out.stderr
+    result = json.loads(line[7:])
+    assert result["first"] == "ok" and "cache=disk: cannot write" in out.stdout and "no space left on device" in out.stdout.lower(), out.stdout
+    assert result["torn_after_full"] == [] and result["leftovers"] == [], result
+    assert result["second"] == "ok" and result["valid_after"], result
