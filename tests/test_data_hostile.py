@@ -167,3 +167,90 @@ def test_full_disk_during_cache_disk_then_freed(tmp_path):
     assert result["first"] == "ok" and "cache=disk: cannot write" in out.stdout and "no space left on device" in out.stdout.lower(), out.stdout
     assert result["torn_after_full"] == [] and result["leftovers"] == [], result
     assert result["second"] == "ok" and result["valid_after"], result
+
+
+# --- 2. YAML alias bombs ---------------------------------------------------------------------------
+QUICK = ["imgsz=64", "batch=2", "epochs=1", "workers=0", "plots=false", "mlflow=false", "tensorboard=false", "onnx_check=false"]
+MEMORY_CAP = int(1.5 * 2**30)  # RLIMIT_DATA (heap and private mappings): torch imports under it, a bomb does not expand
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """'Billion laughs' as one YAML flow list: level k lists level k-1 `width` times, so the last stands for width**levels values."""
+    parts = ["&l0 [" + ", ".join(["lol"] * width) + "]"]
+    parts += [f"&l{k} [" + ", ".join([f"*l{k - 1}"] * width) + "]" for k in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def capped_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The real CLI under a 1.5 GB memory cap, killed after 20 s (only a bomb that expands gets near either)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_CAP, MEMORY_CAP))
+
+    env = {**child_env(), "HOME": str(cwd), "YOLO_CB_DATASETS": str(cwd / "datasets")}
+    return subprocess.run([sys.executable, "-m", "yolo_cb", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=20, preexec_fn=cap)
+
+
+def one_error_line(out: subprocess.CompletedProcess, *needles: str) -> str:
+    lines = [x for x in out.stderr.splitlines() if x.startswith("yolo-cb: error:")]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert all(n in lines[0] for n in needles) and len(lines[0]) < 600, lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["data_names", "data_train", "cfg_file", "model_yaml"])
+def test_yaml_alias_bomb_is_refused_before_it_expands(where, tmp_path, shapes_small_yaml):
+    bomb = alias_bomb()
+    assert len(bomb) < 600
+    data = yaml.safe_load(shapes_small_yaml.read_text())
+    data["path"] = str(shapes_small_yaml.parent)
+    data_file, args = tmp_path / "data.yaml", ["train", f"project={tmp_path / 'runs'}", *QUICK]
+    text = "".join(f"{k}: {v}\n" for k, v in data.items() if k != "names") + "names: [circle, rectangle, triangle, cross]\n"
+    if where == "data_names":
+        text = text.replace("names: [circle, rectangle, triangle, cross]", f"names: {bomb}")
+    elif where == "data_train":
+        text = text.replace(f"train: {data['train']}", f"train: {bomb}")
+    data_file.write_text(text)
+    culprit = data_file
+    args.append(f"data={data_file}")
+    if where == "cfg_file":
+        culprit = tmp_path / "settings.yaml"
+        culprit.write_text(f"classes: {bomb}\n")
+        args.append(f"cfg={culprit}")
+    elif where == "model_yaml":
+        culprit = tmp_path / "bomb-model.yaml"
+        culprit.write_text(f"depth: 0.33\nwidth: 0.25\nact: {bomb}\n")
+        args.append(f"model={culprit}")
+    one_error_line(capped_cli(args, tmp_path), str(culprit), "alias")
+
+
+def test_recursive_alias_and_deep_nesting_are_one_line(tmp_path):
+    from yolo_cb.config import get_config
+    from yolo_cb.errors import ConfigError
+
+    for text, needle in (("classes: &a [*a]\n", "contains it"), ("classes: " + "[" * 5000 + "\n", "nested too deeply")):
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            get_config({"cfg": str(tmp_path / "c.yaml")})
+
+
+def test_a_few_aliases_still_load(tmp_path):
+    from yolo_cb.errors import load_yaml
+
+    (tmp_path / "ok.yaml").write_text("base: &b {lr0: 0.01, epochs: 3}\nrun: {<<: *b, epochs: 5}\nlist: [*b, *b]\n")
+    assert load_yaml(tmp_path / "ok.yaml") == {"base": {"lr0": 0.01, "epochs": 3}, "run": {"lr0": 0.01, "epochs": 5},
+                                               "list": [{"lr0": 0.01, "epochs": 3}] * 2}
+
+
+def test_invalid_value_messages_do_not_repr_the_whole_value():
+    from yolo_cb.config import get_config
+    from yolo_cb.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        get_config({"lr0": "x" * 100_000})
+    assert len(str(caught.value)) < 300 and "lr0" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        get_config({"lr0": [list(range(1000))] * 1000})
+    assert len(str(caught.value)) < 300

@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from yolo_cb.errors import DataError, load_yaml
+from yolo_cb.errors import DataError, load_yaml, short_repr
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -62,7 +62,7 @@ def _split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | No
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
     if not all(isinstance(v, (str, os.PathLike)) for v in items):
-        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {value!r}")
+        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {short_repr(value)}")
     return [str(p if (p := Path(v).expanduser()).is_absolute() else (root / p).resolve()) for v in items]
 
 
@@ -144,7 +144,7 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
 
             for url in downloads:
                 if not is_url(url):
-                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {url!r}")
+                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {short_repr(url)}")
                 try:
                     download_dataset(url, target.parent)
                 except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing
