@@ -254,3 +254,22 @@ def test_invalid_value_messages_do_not_repr_the_whole_value():
     with pytest.raises(ConfigError) as caught:
         get_config({"lr0": [list(range(1000))] * 1000})
     assert len(str(caught.value)) < 300
+
+
+# --- 3. numbers Python accepts -----------------------------------------------------------------------
+def test_floats_without_a_dot_are_numbers(tmp_path):
+    from yolo_cb.config import get_config
+    from yolo_cb.errors import ConfigError
+
+    (tmp_path / "s.yaml").write_text("lr0: 1e-3\nwarmup_bias_lr: 5E-2\n")  # YAML 1.1 reads these two as text
+    cfg = get_config({"cfg": str(tmp_path / "s.yaml"), "time": "1e-4", "conf": "1E-3", "epochs": "1e1", "iou": " 7e-1 "})
+    assert (cfg.lr0, cfg.warmup_bias_lr, cfg.time, cfg.conf, cfg.epochs, cfg.iou) == (1e-3, 5e-2, 1e-4, 1e-3, 10, 0.7)
+    for key, value in (("lr0", "nan"), ("lr0", "-1e-3"), ("epochs", "1.5e0"), ("conf", "2e0")):
+        with pytest.raises(ConfigError, match=key):
+            get_config({key: value})
+
+
+def test_cli_takes_exponent_floats(tmp_path):
+    out = capped_cli(["val", "lr0=1e-3", "time=1e-4", "conf=1E-3", f"model={tmp_path / 'missing.pt'}"], tmp_path)
+    line = one_error_line(out, "missing.pt")  # it got past the settings to the model
+    assert "lr0" not in line and "time" not in line and "conf" not in line

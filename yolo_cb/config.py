@@ -15,8 +15,8 @@ import yaml
 
 from yolo_cb.errors import ConfigError, load_yaml, short_repr
 from yolo_cb.paths import DEFAULT_CFG
-from yolo_cb.utils.yaml_safe import yaml_loads
 from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.utils.yaml_safe import yaml_loads
 
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "save_config"]
 
@@ -84,6 +84,16 @@ def _parse_scalar(text: str) -> Any:
     return text if isinstance(parsed, (dict, list)) else parsed
 
 
+def _as_number(value: Any) -> Any:
+    """A string Python's float() accepts (1e-3, 1E-3, 5e2: YAML 1.1 reads these as text) as that float; else unchanged."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def coerce(key: str, value: Any, default: Any) -> Any:
     """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range."""
     if isinstance(value, str) and key not in FREE:  # free-text keys stay strings; the others parse as YAML scalars
@@ -127,6 +137,7 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in INT_RANGES:
         if value is None and (default is None):
             return None
+        value = _as_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
             raise _bad(key, value, "an integer")
         value = int(value)
@@ -139,7 +150,8 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in FRACTIONS or key in POSITIVE_FLOATS or key in NONNEG_FLOATS:
         if value is None and default is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        value = _as_number(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # value != value: nan
             raise _bad(key, value, "a number")
         value = float(value)
         if key in FRACTIONS and not 0.0 <= value <= 1.0:
