@@ -273,3 +273,26 @@ def test_cli_takes_exponent_floats(tmp_path):
     out = capped_cli(["val", "lr0=1e-3", "time=1e-4", "conf=1E-3", f"model={tmp_path / 'missing.pt'}"], tmp_path)
     line = one_error_line(out, "missing.pt")  # it got past the settings to the model
     assert "lr0" not in line and "time" not in line and "conf" not in line
+
+
+# --- 4. file names that are not UTF-8 ----------------------------------------------------------------
+def test_non_utf8_image_name_is_skipped_with_one_warning(tmp_path, caplog):
+    import logging
+
+    images = copy_shapes(tmp_path, n=3)
+    shutil.copyfile(images / "train_00000.jpg", os.fsencode(images) + b"/\xff.jpg")
+    shutil.copyfile(tmp_path / "labels" / "train" / "train_00000.txt", os.fsencode(tmp_path / "labels" / "train") + b"/\xff.txt")
+    logger = logging.getLogger("yolo_cb")
+    attach = not logger.propagate  # caplog sees a propagating logger already
+    if attach:
+        logger.addHandler(caplog.handler)
+    try:
+        caplog.set_level(logging.WARNING, logger="yolo_cb")
+        ds = YOLODataset(str(images), 64, NAMES, False, hyp())
+        again = YOLODataset(str(images), 64, NAMES, False, hyp())  # from the label cache written by the first
+    finally:
+        if attach:
+            logger.removeHandler(caplog.handler)
+    assert len(ds) == len(again) == 3 and again.report["from_cache"] and ds[0]["img"].shape[0] == 3
+    warnings = [r.getMessage() for r in caplog.records if "not valid UTF-8" in r.getMessage()]
+    assert len(warnings) == 2 and "\\xff.jpg" in warnings[0] and "\n" not in warnings[0], warnings

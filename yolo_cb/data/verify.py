@@ -70,7 +70,30 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
             files.append(str(p))
         else:
             raise FileNotFoundError(f"{prefix}image path '{p}' does not exist (expected a folder, a .txt list or an image)")
-    return files
+    return without_undecodable_names(files, prefix)
+
+
+def shown_name(path: str) -> str:
+    """A file name for a message: bytes that are not UTF-8 (kept by Python as surrogates) written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def without_undecodable_names(files: list[str], prefix: str = "") -> list[str]:
+    """``files`` less those whose name is not valid UTF-8 (they cannot be logged, hashed or written to a cache as
+    text), with one warning naming the first and counting them."""
+    def decodable(f: str) -> bool:
+        try:
+            f.encode("utf-8")
+            return True
+        except UnicodeEncodeError:
+            return False
+
+    kept = [f for f in files if decodable(f)]
+    if len(kept) < len(files):
+        bad = next(f for f in files if not decodable(f))
+        LOGGER.warning(f"{prefix}{len(files) - len(kept)} image file(s) skipped: the name is not valid UTF-8 (e.g. "
+                       f"{shown_name(bad)}); rename them to use them")
+    return kept
 
 
 def imread(im_file: str) -> np.ndarray | None:
