@@ -296,3 +296,82 @@ def test_non_utf8_image_name_is_skipped_with_one_warning(tmp_path, caplog):
     assert len(ds) == len(again) == 3 and again.report["from_cache"] and ds[0]["img"].shape[0] == 3
     warnings = [r.getMessage() for r in caplog.records if "not valid UTF-8" in r.getMessage()]
     assert len(warnings) == 2 and "\\xff.jpg" in warnings[0] and "\n" not in warnings[0], warnings
+
+
+# --- 5. archive bombs and archives that fail half-way --------------------------------------------------
+from test_data_safety import dataset_zip, server  # noqa: E402, F401 - the loopback http server fixture and a dataset zip
+
+BOMB_MIB = 70  # over the 64 MiB any archive may expand to; about 70 KiB compressed
+
+
+def add_zeros(zf, name: str, mib: int) -> None:
+    """A member of `mib` MiB of zeros, written in 1 MiB blocks (deflate turns it into a few KiB per MiB)."""
+    import zipfile
+
+    info = zipfile.ZipInfo(name)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    block = bytes(2**20)
+    with zf.open(info, "w", force_zip64=True) as f:
+        for _ in range(mib):
+            f.write(block)
+
+
+def data_yaml_downloading(tmp_path: Path, url: str) -> Path:
+    yaml_file = tmp_path / "data.yaml"
+    yaml_file.write_text(yaml.safe_dump({"path": "ds", "train": "images/train", "val": "images/val", "names": ["a"], "download": url}))
+    return yaml_file
+
+
+def test_zip_bomb_download_is_refused_before_writing(tmp_path, server):  # noqa: F811
+    import zipfile
+
+    from yolo_cb.data.resolve import check_data
+    from yolo_cb.errors import DataError
+
+    www, url, _ = server
+    dataset_zip(www / "bomb.zip", "ds")
+    with zipfile.ZipFile(www / "bomb.zip", "a") as zf:
+        add_zeros(zf, "ds/padding.bin", BOMB_MIB)
+    assert (www / "bomb.zip").stat().st_size < 2**20
+    store = tmp_path / "store"
+    with pytest.raises(DataError, match="zip bomb") as caught:
+        check_data(data_yaml_downloading(tmp_path, f"{url}/bomb.zip"), datasets_dir=str(store))
+    assert "bomb.zip" in str(caught.value) and "\n" not in str(caught.value)
+    assert list(store.iterdir()) == []  # no tree, no temp archive, no staging folder
+
+
+def test_tar_gz_bomb_is_refused_before_writing(tmp_path):
+    import io
+    import tarfile
+
+    from yolo_cb.data.download import safe_extract
+    from yolo_cb.errors import DataError
+
+    archive = tmp_path / "bomb.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        info = tarfile.TarInfo("ds/padding.bin")
+        info.size = BOMB_MIB * 2**20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(DataError, match="zip bomb"):
+        safe_extract(archive, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_corrupt_member_half_way_leaves_nothing(tmp_path, server):  # noqa: F811
+    import zipfile
+
+    from yolo_cb.data.resolve import check_data
+    from yolo_cb.errors import DataError
+
+    www, url, _ = server
+    dataset_zip(www / "torn.zip", "ds")
+    payload = b"A" * 4096
+    with zipfile.ZipFile(www / "torn.zip", "a") as zf:
+        zf.writestr(zipfile.ZipInfo("ds/zz_last.bin"), payload)  # stored: its bytes appear as they are
+    raw = (www / "torn.zip").read_bytes()
+    (www / "torn.zip").write_bytes(raw.replace(payload, b"B" * 4096))  # the CRC no longer matches: found only on reading it
+    store = tmp_path / "store"
+    with pytest.raises(DataError, match="corrupt"):
+        check_data(data_yaml_downloading(tmp_path, f"{url}/torn.zip"), datasets_dir=str(store))
+    assert list(store.iterdir()) == []  # the members extracted before the bad one are gone too
