@@ -375,3 +375,62 @@ def test_a_corrupt_member_half_way_leaves_nothing(tmp_path, server):  # noqa: F8
     with pytest.raises(DataError, match="corrupt"):
         check_data(data_yaml_downloading(tmp_path, f"{url}/torn.zip"), datasets_dir=str(store))
     assert list(store.iterdir()) == []  # the members extracted before the bad one are gone too
+
+
+# --- 6. loops, missing splits, fractional class ids, shared label files ----------------------------------
+def test_symlink_loop_in_path_or_datasets_dir_is_one_line(tmp_path, shapes_small_yaml):
+    (tmp_path / "loop").symlink_to("loop")
+    looped = tmp_path / "looped.yaml"
+    looped.write_text(f"path: {tmp_path / 'loop' / 'ds'}\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    line = one_error_line(capped_cli(["train", f"data={looped}", f"project={tmp_path / 'runs'}", *QUICK], tmp_path), "'path: ")
+    assert str(looped) in line and "link" in line
+    relative = tmp_path / "relative.yaml"
+    relative.write_text("path: ds\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    args = ["train", f"data={relative}", f"datasets_dir={tmp_path / 'loop'}", f"project={tmp_path / 'runs'}", *QUICK]
+    one_error_line(capped_cli(args, tmp_path), "datasets_dir=", "link")
+
+
+def test_split_without_its_key_names_the_yaml_and_its_keys(tmp_path, shapes_small_yaml):
+    from yolo_cb.config import get_config
+    from yolo_cb.engine.validator import Validator
+    from yolo_cb.errors import DataError
+    from yolo_cb.nn import build_model
+
+    args = get_config({"data": str(shapes_small_yaml), "imgsz": 64, "batch": 2, "workers": 0, "split": "test", "plots": False,
+                       "project": str(tmp_path / "runs"), "name": "val"})
+    with pytest.raises(DataError) as caught:
+        Validator(args)(model=build_model("yolox-nano.yaml", nc=4, verbose=False).eval())
+    message = str(caught.value)
+    assert str(shapes_small_yaml) in message and "'test'" in message and "path, train, val, names" in message, message
+
+
+@pytest.mark.parametrize("key", ["1.5", "true", "x"])
+def test_names_key_that_is_not_a_whole_class_id_is_refused(key, tmp_path, shapes_small_yaml):
+    from yolo_cb.data.resolve import check_data
+    from yolo_cb.errors import DataError
+
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {shapes_small_yaml.parent}\ntrain: train.txt\nval: val.txt\nnames: {{0: circle, {key}: square}}\n")
+    with pytest.raises(DataError, match="integer class ids") as caught:
+        check_data(data)
+    assert str(data) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_images_sharing_a_label_file_are_named_once(tmp_path, caplog):
+    import logging
+
+    images = copy_shapes(tmp_path, n=2)
+    cv2.imwrite(str(images / "train_00000.png"), cv2.imread(str(images / "train_00000.jpg")))
+    logger = logging.getLogger("yolo_cb")
+    attach = not logger.propagate
+    if attach:
+        logger.addHandler(caplog.handler)
+    try:
+        caplog.set_level(logging.WARNING, logger="yolo_cb")
+        ds = YOLODataset(str(images), 64, NAMES, False, hyp())
+    finally:
+        if attach:
+            logger.removeHandler(caplog.handler)
+    assert len(ds) == 3
+    shared = [r.getMessage() for r in caplog.records if "is the label file of" in r.getMessage()]
+    assert len(shared) == 1 and "train_00000.jpg" in shared[0] and "train_00000.png" in shared[0] and "train_00000.txt" in shared[0]

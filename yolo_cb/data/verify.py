@@ -308,6 +308,19 @@ def verify_all(im_files: list[str], lb_files: list[str], nc: int, prefix: str = 
         return list(tqdm(results, total=len(im_files), desc=f"{prefix}checking images and labels", leave=False))
 
 
+def warn_shared_labels(im_files: list[str], lb_files: list[str], prefix: str = "") -> None:
+    """One warning when images differing only in suffix (a.jpg, a.png) share one label file: both get its boxes."""
+    owners: dict[str, list[str]] = {}
+    for im, lb in zip(im_files, lb_files, strict=True):
+        owners.setdefault(lb, []).append(im)
+    shared = [(lb, ims) for lb, ims in owners.items() if len(ims) > 1]
+    if shared:
+        lb, ims = shared[0]
+        more = f" (and {len(shared) - 1} more label file(s) like it)" if len(shared) > 1 else ""
+        LOGGER.warning(f"{prefix}{lb} is the label file of {len(ims)} images: {', '.join(Path(i).name for i in ims)}{more}; "
+                       f"each of them gets its boxes: rename the images so that each has its own label file")
+
+
 def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True, save_cache: bool = True) -> tuple[list[dict], dict]:
     """Verified label records for ``im_files`` (cached), and a report.
 
@@ -316,6 +329,7 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
     line and one warning naming each skipped or fixed file.
     """
     lb_files = [img2label_path(f) for f in im_files]
+    warn_shared_labels(im_files, lb_files, prefix)
     path = cache_path_for(lb_files) if lb_files else None
     file_hash = files_hash(im_files, lb_files, nc)
     entries = read_cache(path, file_hash, im_files) if (cache and path) else None
