@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.errors import ConfigError, load_yaml
+from yolo_cb.errors import ConfigError, load_yaml, short_repr
 from yolo_cb.paths import DEFAULT_CFG
 from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.utils.yaml_safe import yaml_loads
 
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "save_config"]
 
@@ -67,16 +68,36 @@ def describe_settings() -> list[tuple[str, Any, str]]:
 
 
 def _bad(key: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"invalid value for '{key}': {value!r} ({type(value).__name__}); expected {expected}")
+    return ConfigError(f"invalid value for '{key}': {short_repr(value)} ({type(value).__name__}); expected {expected}")
+
+
+def _parse_scalar(text: str) -> Any:
+    """A CLI or cfg-file string as the YAML scalar it spells (through the bounded loader); the text itself when it
+    spells a list, a mapping or no valid YAML, so that the type check names it."""
+    stripped = text.strip()
+    if not stripped:
+        return None
+    try:
+        parsed = yaml_loads(stripped)
+    except yaml.YAMLError:
+        return text
+    return text if isinstance(parsed, (dict, list)) else parsed
+
+
+def _as_number(value: Any) -> Any:
+    """A string Python's float() accepts (1e-3, 1E-3, 5e2: YAML 1.1 reads these as text) as that float; else unchanged."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def coerce(key: str, value: Any, default: Any) -> Any:
     """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range."""
     if isinstance(value, str) and key not in FREE:  # free-text keys stay strings; the others parse as YAML scalars
-        stripped = value.strip()
-        parsed = yaml.safe_load(stripped) if stripped else None
-        if not isinstance(parsed, (dict, list)):
-            value = parsed
+        value = _parse_scalar(value)
     if key in ENUMS:
         choices = ENUMS[key]
         if key == "cache" and value is True:
@@ -116,6 +137,7 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in INT_RANGES:
         if value is None and (default is None):
             return None
+        value = _as_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
             raise _bad(key, value, "an integer")
         value = int(value)
@@ -128,7 +150,8 @@ def coerce(key: str, value: Any, default: Any) -> Any:
     if key in FRACTIONS or key in POSITIVE_FLOATS or key in NONNEG_FLOATS:
         if value is None and default is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        value = _as_number(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # value != value: nan
             raise _bad(key, value, "a number")
         value = float(value)
         if key in FRACTIONS and not 0.0 <= value <= 1.0:
@@ -151,7 +174,7 @@ def _coerce_structured(key: str, value: Any) -> Any:
     """freeze (N or module names), save_epochs (epoch numbers), lr_scheduler (a name or {name: {parameters}})."""
     if isinstance(value, str) and value.strip()[:1] in "[{0123456789":
         try:
-            value = yaml.safe_load(value)
+            value = yaml_loads(value)
         except yaml.YAMLError:
             raise _bad(key, value, "valid YAML") from None
     if key == "freeze":
@@ -233,7 +256,7 @@ def check_callbacks(value: Any) -> None:
     from yolo_cb.callbacks.registry import import_object
 
     def bad(item: Any, reason: str) -> ConfigError:
-        return ConfigError(f"invalid value for 'callbacks': item {item!r}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
+        return ConfigError(f"invalid value for 'callbacks': item {short_repr(item)}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
 
     try:
         items = parse_specs(value)
@@ -261,12 +284,12 @@ def check_callbacks(value: Any) -> None:
                     except ValueError as error:
                         raise bad(item, str(error)) from None
                 if not callable(arg):
-                    raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else arg!r} is a {type(arg).__name__}, "
+                    raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else short_repr(arg)} is a {type(arg).__name__}, "
                                     f"not callable; point to a function fn(obj)")
                 continue
             if key in registered_names():
                 if arg is not None and not isinstance(arg, dict):
-                    raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {arg!r}")
+                    raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {short_repr(arg)}")
                 _check_arguments(item, key, arg or {}, bad)
                 continue
             if ":" not in key and "." not in key:

@@ -39,6 +39,16 @@ class WriteError(UserError, OSError):
         return self.message
 
 
+def short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, without building the whole repr of a huge or deep value."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxstring, shortener.maxother, shortener.maxlong = 3, limit, limit, limit
+    text = shortener.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def os_reason(error: OSError) -> str:
     """A short lower-case reason for an OSError: 'no space left on device', 'read-only file system', ..."""
     import errno as errnos
@@ -56,6 +66,8 @@ def yaml_error_message(path, error: Exception, what: str = "YAML file") -> str:
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     problem = " ".join(str(getattr(error, "problem", None) or error).split())
+    if type(error).__name__ == "YAMLLimitError":
+        return f"{path}: {where}refused: {problem}; yolo-cb does not expand such a {what}: write the values out"
     if "could not determine a constructor for the tag" in problem:
         tag = problem.split("tag", 1)[1].strip(" '\"").replace("tag:yaml.org,2002:", "!!")
         return (f"{path}: {where}the tag '{tag}' is not allowed in a {what}; yolo-cb loads YAML safely (mappings, lists, "
@@ -64,11 +76,13 @@ def yaml_error_message(path, error: Exception, what: str = "YAML file") -> str:
 
 
 def load_yaml(path, error_type: type[UserError] = ConfigError, what: str = "YAML file"):
-    """``yaml.safe_load`` of a text file; any failure (I/O, not text, not YAML, an unsafe tag) raises ``error_type``
-    with one line naming the file and the place."""
+    """A text file parsed by yolo_cb.utils.yaml_safe (safe tags, bounded aliases); any failure (I/O, not text, not YAML,
+    an unsafe tag, an alias bomb) raises ``error_type`` with one line naming the file and the place."""
     from pathlib import Path
 
     import yaml
+
+    from yolo_cb.utils.yaml_safe import yaml_loads
 
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
@@ -77,6 +91,6 @@ def load_yaml(path, error_type: type[UserError] = ConfigError, what: str = "YAML
     except OSError as e:
         raise error_type(f"{path}: cannot read the {what} ({os_reason(e)})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml_loads(text)
     except yaml.YAMLError as e:
         raise error_type(yaml_error_message(path, e, what)) from None

@@ -17,6 +17,7 @@ from typing import Any
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object
+from yolo_cb.errors import short_repr
 from yolo_cb.utils.suggest import did_you_mean
 
 # the package of integrations: every module in it is imported, and registers itself with @integration
@@ -59,10 +60,12 @@ def parse_specs(value: Any) -> list:
     if isinstance(value, str) and value.strip()[:1] in "[{":  # YAML flow on the CLI: callbacks="[{stage_switch: {close_mosaic: 3}}]"
         import yaml
 
+        from yolo_cb.utils.yaml_safe import yaml_loads
+
         try:
-            return parse_specs(yaml.safe_load(value))
+            return parse_specs(yaml_loads(value))
         except yaml.YAMLError as error:
-            raise ValueError(f"callbacks {value!r} is not valid YAML ({error})") from None
+            raise ValueError(f"callbacks {short_repr(value)} is not valid YAML ({error})") from None
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     if isinstance(value, dict):
@@ -72,7 +75,7 @@ def parse_specs(value: Any) -> list:
         for item in value:
             items.extend(parse_specs(item) if isinstance(item, str) else [item])
         return items
-    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {value!r}")
+    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {short_repr(value)}")
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.errors import ConfigError
+from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.utils.log import LOGGER
 
 BUILTIN = ("linear", "cosine", "step", "multistep", "exponential", "polynomial", "constant")
@@ -44,16 +44,18 @@ FORMS = ("linear | cosine | step | multistep | exponential | polynomial | consta
 
 
 def _bad(value: Any, reason: str) -> ConfigError:
-    return ConfigError(f"invalid value for 'lr_scheduler': {value!r}: {reason}; expected {FORMS}")
+    return ConfigError(f"invalid value for 'lr_scheduler': {short_repr(value)}: {reason}; expected {FORMS}")
 
 
 def parse_lr_scheduler(value: Any) -> tuple[str, dict]:
     """'cosine' | {'step': {'step_size': 5}} | the same as YAML text -> (name, parameters). Raises ConfigError."""
     import yaml
 
+    from yolo_cb.utils.yaml_safe import yaml_loads
+
     if isinstance(value, str) and value.strip().startswith("{"):
         try:
-            value = yaml.safe_load(value)
+            value = yaml_loads(value)
         except yaml.YAMLError as error:
             raise _bad(value, f"not a YAML mapping ({error})") from None
     if isinstance(value, dict):
@@ -63,7 +65,7 @@ def parse_lr_scheduler(value: Any) -> tuple[str, dict]:
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            raise _bad(value, f"the parameters of '{name}' must be a mapping, got {params!r}")
+            raise _bad(value, f"the parameters of '{name}' must be a mapping, got {short_repr(params)}")
         return str(name), dict(params)
     if value is None or value is False:
         return "none", {}

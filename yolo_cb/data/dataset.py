@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,10 +13,13 @@ import cv2
 import numpy as np
 import torch
 
+from yolo_cb.data.npy_cache import load_npy, npy_path, npy_valid, save_npy
 from yolo_cb.data.transforms import build_transforms
 from yolo_cb.data.verify import folder_is_writable, imread, list_image_files, load_labels
+from yolo_cb.errors import os_reason
 
 LOGGER = logging.getLogger("yolo_cb")
+_CACHE_LOCK = threading.Lock()  # the caching threads' one warning about a failed .npy write
 
 
 def normalise_cache_mode(cache) -> str | None:
@@ -64,6 +68,7 @@ class YOLODataset(torch.utils.data.Dataset):
             self._sort_by_aspect_ratio()
         self.cache_mode = normalise_cache_mode(cache)
         self.ims: list = [None] * len(self.labels)
+        self._disk_cache_failed = False  # set by the first failed .npy write (a full disk): no more writes
         if self.cache_mode:
             self.cache_images()
         self.transforms = build_transforms(self, self.imgsz, hyp, self.augment, rect=self.rect)
@@ -96,12 +101,9 @@ class YOLODataset(torch.utils.data.Dataset):
     def _read(self, i: int) -> np.ndarray:
         f = self.labels[i]["im_file"]
         if self.cache_mode == "disk":
-            npy = Path(f).with_suffix(".npy")
-            if self._npy_fresh(npy, f):
-                try:
-                    return np.load(npy, allow_pickle=False)
-                except (OSError, ValueError):
-                    pass
+            img = load_npy(npy_path(f), self.labels[i]["shape"])  # a torn or stale cache file: read the image instead
+            if img is not None:
+                return img
         return self._read_file(f)
 
     def _read_file(self, f: str) -> np.ndarray:
@@ -109,14 +111,6 @@ class YOLODataset(torch.utils.data.Dataset):
         if img is None:
             raise FileNotFoundError(f"{self.prefix}image {f} could not be read (it passed verification: was it changed?)")
         return img
-
-    @staticmethod
-    def _npy_fresh(npy: Path, im_file: str) -> bool:
-        """A .npy disk cache is used only when it is newer than its image."""
-        try:
-            return npy.stat().st_mtime_ns >= Path(im_file).stat().st_mtime_ns
-        except OSError:
-            return False
 
     def _resize(self, img: np.ndarray) -> np.ndarray:
         """Resize so the long side is imgsz."""
@@ -153,16 +147,32 @@ class YOLODataset(torch.utils.data.Dataset):
             if self.cache_mode == "ram":
                 self.ims[i] = self._resize(self._read(i))
                 return self.ims[i].nbytes
-            npy = Path(self.labels[i]["im_file"]).with_suffix(".npy")
-            if not self.write_caches:  # another rank writes the .npy files; read one only if it is there
-                return npy.stat().st_size if self._npy_fresh(npy, self.labels[i]["im_file"]) else 0
-            if not self._npy_fresh(npy, self.labels[i]["im_file"]):
-                np.save(npy, self._read_file(self.labels[i]["im_file"]), allow_pickle=False)
-            return npy.stat().st_size
+            return self._cache_to_disk(i)
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             total = sum(tqdm(pool.map(work, range(len(self))), total=len(self), desc=f"{self.prefix}caching images ({self.cache_mode})", leave=False))
         LOGGER.info(f"{self.prefix}cached {len(self)} images ({total / 2**30:.2f} GB, {self.cache_mode})")
+
+    def _cache_to_disk(self, i: int) -> int:
+        """Make image i's .npy unless a complete, fresh one is there (a torn one is rebuilt); returns its size.
+
+        A write that fails (a full disk) leaves no .npy, warns once, and the image is read from its file."""
+        im_file, shape = self.labels[i]["im_file"], self.labels[i]["shape"]
+        npy = npy_path(im_file)
+        if npy_valid(npy, im_file, shape):
+            return npy.stat().st_size
+        if not self.write_caches or self._disk_cache_failed:  # another rank writes the .npy files, or the disk is full
+            return 0
+        try:
+            save_npy(npy, self._read_file(im_file))
+        except OSError as error:
+            with _CACHE_LOCK:
+                if not self._disk_cache_failed:
+                    self._disk_cache_failed = True
+                    LOGGER.warning(f"{self.prefix}cache=disk: cannot write {npy} ({os_reason(error)}); the images without a "
+                                   f"cache file are read from their files")
+            return 0
+        return npy.stat().st_size
 
     def _ram_fits(self, headroom: float = 0.5) -> bool:
         """Whether the resized images fit in ``headroom`` of the available memory (estimated from a sample)."""

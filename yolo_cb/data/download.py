@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import tarfile
+import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -64,35 +67,85 @@ def _inside(root: Path, name: str) -> bool:
     return target == root or root in target.parents
 
 
+MAX_RATIO = 100  # an archive may expand to this many times its own size ...
+MIN_LIMIT = 64 * 2**20  # ... or to this many bytes, whichever is more (small archives of text labels compress well)
+FREE_MARGIN = 256 * 2**20  # room left on the disk after an extraction
+
+
+def _checked_members(archive: Path, root: Path, dest: Path, label: str) -> tuple[str, list, int]:
+    """("zip" or "tar", the members, their total size), after refusing any member that is unsafe (outside ``dest``,
+    a link or device); nothing is written here."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+        for info in members:
+            if not _inside(root, info.filename):
+                raise DataError(f"unsafe member '{info.filename}' in {label}: it would extract outside {dest}; archive refused, nothing extracted")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise DataError(f"unsafe member '{info.filename}' in {label}: a symbolic link; archive refused, nothing extracted")
+        return "zip", members, sum(i.file_size for i in members)  # zipfile never writes more than a member's file_size
+    if tarfile.is_tarfile(archive):
+        with tarfile.open(archive) as tf:
+            members = tf.getmembers()
+        for m in members:
+            if not _inside(root, m.name) or not (m.isfile() or m.isdir()):
+                kind = "outside " + str(dest) if not _inside(root, m.name) else "a link or device file"
+                raise DataError(f"unsafe member '{m.name}' in {label}: {kind}; archive refused, nothing extracted")
+        return "tar", members, sum(m.size for m in members if m.isfile())
+    raise DataError(f"{label} is not a zip or tar archive")
+
+
+def _check_expansion(archive: Path, root: Path, total: int, label: str) -> None:
+    """Refuse an archive that would expand past MAX_RATIO times its size (a zip bomb) or past the free space."""
+    size = archive.stat().st_size
+    limit = max(MAX_RATIO * size, MIN_LIMIT)
+    if total > limit:
+        raise DataError(f"{label} would expand to {total / 2**20:,.0f} MiB, {total / max(size, 1):,.0f} times its size of "
+                        f"{size / 2**20:,.1f} MiB (at most {MAX_RATIO}x or {MIN_LIMIT // 2**20} MiB are extracted): a zip bomb or "
+                        f"not a dataset; archive refused, nothing extracted")
+    free = shutil.disk_usage(root).free
+    if total > free - FREE_MARGIN:
+        raise DataError(f"{label} needs {total / 2**30:.2f} GiB but {root} has {free / 2**30:.2f} GiB free (and "
+                        f"{FREE_MARGIN // 2**20} MiB are kept free); free some space or pass datasets_dir= another disk; "
+                        f"nothing extracted")
+
+
+def _merge(src: Path, dest: Path) -> None:
+    """Move the tree under ``src`` into ``dest`` by renames (same filesystem), creating folders as needed."""
+    for folder, _dirs, files in os.walk(src):
+        target = dest / Path(folder).relative_to(src)
+        target.mkdir(exist_ok=True)
+        for name in files:
+            os.replace(Path(folder) / name, target / name)
+
+
 def safe_extract(archive: Path, dest: Path, label: str | None = None) -> None:
-    """Extract a zip or tar archive into ``dest``, refusing the whole archive before writing anything when a
-    member would land outside it (absolute path, ``..``) or is a link or device (tar). ``label`` names the
-    archive in messages (default: its path)."""
+    """Extract a zip or tar archive into ``dest``, refusing the whole archive before writing anything when a member
+    would land outside it (absolute path, ``..``), is a link or device (tar), or the archive would expand past
+    MAX_RATIO times its size or past the free space. ``label`` names the archive in messages (default: its path).
+
+    The members are extracted into a temp folder in ``dest`` and moved into place only when all of them are out: a
+    corrupt member, a full disk or an interrupt removes everything this call wrote."""
     archive, dest = Path(archive), Path(dest)
     label = label or str(archive)
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
-                if not _inside(root, info.filename):
-                    raise DataError(f"unsafe member '{info.filename}' in {label}: it would extract outside {dest}; archive refused, nothing extracted")
-                if stat.S_ISLNK(info.external_attr >> 16):
-                    raise DataError(f"unsafe member '{info.filename}' in {label}: a symbolic link; archive refused, nothing extracted")
-            zf.extractall(root)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            members = tf.getmembers()
-            for m in members:
-                if not _inside(root, m.name) or not (m.isfile() or m.isdir()):
-                    kind = "outside " + str(dest) if not _inside(root, m.name) else "a link or device file"
-                    raise DataError(f"unsafe member '{m.name}' in {label}: {kind}; archive refused, nothing extracted")
-            if hasattr(tarfile, "data_filter"):
-                tf.extractall(root, members=members, filter="data")
-            else:  # pragma: no cover - Python without extraction filters
-                tf.extractall(root, members=members)
-    else:
-        raise DataError(f"{label} is not a zip or tar archive")
+    kind, members, total = _checked_members(archive, root, dest, label)
+    _check_expansion(archive, root, total, label)
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
+    try:
+        try:
+            if kind == "zip":
+                with zipfile.ZipFile(archive) as zf:
+                    zf.extractall(staging, members=members)
+            else:
+                with tarfile.open(archive) as tf:
+                    tf.extractall(staging, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as error:
+            raise DataError(f"{label} is corrupt ({type(error).__name__}: {error}); nothing extracted") from None
+        _merge(staging, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def download_dataset(url: str, datasets_dir: Path, keep_archive: bool = False) -> Path:

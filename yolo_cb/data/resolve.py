@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from yolo_cb.errors import DataError, load_yaml
+from yolo_cb.errors import DataError, load_yaml, short_repr
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -35,7 +35,30 @@ class DatasetConfigError(DataError):
 def resolve_datasets_dir(datasets_dir: str | os.PathLike | None = None) -> Path:
     """``datasets_dir`` if given, else ``$YOLO_CB_DATASETS``, else ``./datasets`` in the working directory."""
     chosen = datasets_dir or os.environ.get("YOLO_CB_DATASETS") or Path.cwd() / "datasets"
-    return Path(chosen).expanduser().resolve()
+    setting = f"datasets_dir={datasets_dir}" if datasets_dir else "YOLO_CB_DATASETS" if os.environ.get("YOLO_CB_DATASETS") else "datasets_dir"
+    return resolved(Path(chosen).expanduser(), setting)
+
+
+def resolved(path: Path, setting: str) -> Path:
+    """``path.resolve()``, or a DatasetConfigError naming ``setting`` when it cannot be resolved (a symbolic link loop)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as error:  # RuntimeError: Python < 3.13 on a symlink loop; OSError (ELOOP) after
+        raise DatasetConfigError(f"{setting}: {path} cannot be resolved ({error}); a symbolic link in it points back at "
+                                 f"itself: fix or remove the link") from None
+
+
+def _class_id(key) -> int | None:
+    """A names key as a class id: an int, or text or a float that is exactly an integer (never 1.5 -> 1, never a bool)."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key
+    if isinstance(key, float):
+        return int(key) if key.is_integer() else None
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    return None
 
 
 def parse_names(raw, yaml_file: Path) -> dict[int, str]:
@@ -43,10 +66,11 @@ def parse_names(raw, yaml_file: Path) -> dict[int, str]:
     if isinstance(raw, (list, tuple)):
         names = {i: str(n) for i, n in enumerate(raw)}
     elif isinstance(raw, dict):
-        try:
-            names = {int(k): str(v) for k, v in raw.items()}
-        except (TypeError, ValueError):
-            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids, got {list(raw)[:5]}") from None
+        bad = [k for k in raw if _class_id(k) is None]
+        if bad:
+            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids (0, 1, ...), got {short_repr(bad[0])}; "
+                                     f"number the classes 0..{len(raw) - 1}")
+        names = {_class_id(k): str(v) for k, v in raw.items()}
     else:
         raise DatasetConfigError(f"{yaml_file}: 'names' must be a list or an {{id: name}} mapping, got {type(raw).__name__}")
     if not names:
@@ -62,8 +86,8 @@ def _split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | No
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
     if not all(isinstance(v, (str, os.PathLike)) for v in items):
-        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {value!r}")
-    return [str(p if (p := Path(v).expanduser()).is_absolute() else (root / p).resolve()) for v in items]
+        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {short_repr(value)}")
+    return [str(p if (p := Path(v).expanduser()).is_absolute() else resolved(root / p, f"{yaml_file}: '{key}: {v}'")) for v in items]
 
 
 def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
@@ -95,6 +119,17 @@ def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action:
         f"{action} datasets only into datasets_dir. Put the images under {target} yourself, or give a relative 'path:' "
         f"(e.g. 'path: {target.name}') so that it is {'downloaded' if action == 'downloads' else 'generated'} into "
         f"{ddir / target.name}, or pass datasets_dir= a folder that holds {target}")
+
+
+def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError:
+    """The error for split=<split> when the data YAML gives no such split: it names the YAML and the keys it has."""
+    try:
+        keys = ", ".join(str(k) for k in (load_yaml(yaml_file, DatasetConfigError, "dataset YAML") or {}))
+    except DataError:
+        keys = "?"
+    return DatasetConfigError(f"split={split}: the dataset YAML {yaml_file} has no '{split}' split (its keys: {keys}); add a "
+                              f"'{split}:' key (an images folder, a .txt list or a list of those) or choose a split it has "
+                              f"(split=val|test|train)")
 
 
 def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict:
@@ -129,7 +164,7 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     else:  # Ultralytics resolves a relative path: from the working directory; then next to the YAML, then datasets_dir
         places = [(Path.cwd() / str(raw_path), "relative to the working directory"), (yaml_dir / str(raw_path), "next to the YAML"),
                   (ddir / str(raw_path), "under datasets_dir")]
-    places = [(p.resolve(), why) for p, why in places]
+    places = [(resolved(p, f"{yaml_file}: 'path: {raw_path}'" if raw_path else f"{yaml_file}: its folder"), why) for p, why in places]
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
 
     failure = ""
@@ -144,7 +179,7 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
 
             for url in downloads:
                 if not is_url(url):
-                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {url!r}")
+                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {short_repr(url)}")
                 try:
                     download_dataset(url, target.parent)
                 except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing

@@ -70,7 +70,30 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
             files.append(str(p))
         else:
             raise FileNotFoundError(f"{prefix}image path '{p}' does not exist (expected a folder, a .txt list or an image)")
-    return files
+    return without_undecodable_names(files, prefix)
+
+
+def shown_name(path: str) -> str:
+    """A file name for a message: bytes that are not UTF-8 (kept by Python as surrogates) written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def without_undecodable_names(files: list[str], prefix: str = "") -> list[str]:
+    """``files`` less those whose name is not valid UTF-8 (they cannot be logged, hashed or written to a cache as
+    text), with one warning naming the first and counting them."""
+    def decodable(f: str) -> bool:
+        try:
+            f.encode("utf-8")
+            return True
+        except UnicodeEncodeError:
+            return False
+
+    kept = [f for f in files if decodable(f)]
+    if len(kept) < len(files):
+        bad = next(f for f in files if not decodable(f))
+        LOGGER.warning(f"{prefix}{len(files) - len(kept)} image file(s) skipped: the name is not valid UTF-8 (e.g. "
+                       f"{shown_name(bad)}); rename them to use them")
+    return kept
 
 
 def imread(im_file: str) -> np.ndarray | None:
@@ -285,6 +308,19 @@ def verify_all(im_files: list[str], lb_files: list[str], nc: int, prefix: str = 
         return list(tqdm(results, total=len(im_files), desc=f"{prefix}checking images and labels", leave=False))
 
 
+def warn_shared_labels(im_files: list[str], lb_files: list[str], prefix: str = "") -> None:
+    """One warning when images differing only in suffix (a.jpg, a.png) share one label file: both get its boxes."""
+    owners: dict[str, list[str]] = {}
+    for im, lb in zip(im_files, lb_files, strict=True):
+        owners.setdefault(lb, []).append(im)
+    shared = [(lb, ims) for lb, ims in owners.items() if len(ims) > 1]
+    if shared:
+        lb, ims = shared[0]
+        more = f" (and {len(shared) - 1} more label file(s) like it)" if len(shared) > 1 else ""
+        LOGGER.warning(f"{prefix}{lb} is the label file of {len(ims)} images: {', '.join(Path(i).name for i in ims)}{more}; "
+                       f"each of them gets its boxes: rename the images so that each has its own label file")
+
+
 def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True, save_cache: bool = True) -> tuple[list[dict], dict]:
     """Verified label records for ``im_files`` (cached), and a report.
 
@@ -293,6 +329,7 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
     line and one warning naming each skipped or fixed file.
     """
     lb_files = [img2label_path(f) for f in im_files]
+    warn_shared_labels(im_files, lb_files, prefix)
     path = cache_path_for(lb_files) if lb_files else None
     file_hash = files_hash(im_files, lb_files, nc)
     entries = read_cache(path, file_hash, im_files) if (cache and path) else None

@@ -198,13 +198,12 @@ def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
     if not data:
         return None
     try:
-        import yaml
-
         from yolo_cb.data.resolve import resolve_datasets_dir
+        from yolo_cb.errors import DataError, load_yaml
         from yolo_cb.paths import find_dataset_cfg
 
         yaml_file = find_dataset_cfg(str(data)).resolve()
-        cfg = yaml.safe_load(yaml_file.read_text()) or {}
+        cfg = load_yaml(yaml_file, DataError, "dataset YAML") or {}  # the bounded loader: an alias bomb is refused here too
         base = str(cfg.get("path") or "")
         if not base:
             roots = [yaml_file.parent]

@@ -157,8 +157,9 @@ class Validator:
         self.names = {int(k): str(v) for k, v in self.data["names"].items()}
         paths = self.data.get(split)
         if not paths:
-            raise ValueError(f"dataset {yaml_file} has no '{split}' split: add a '{split}:' key (an images folder, a .txt list "
-                             f"or a list of those) or choose another split (split=val|test|train)")
+            from yolo_cb.data.resolve import missing_split_error
+
+            raise missing_split_error(yaml_file, split)
         batch = backend.batch or args.batch
         try:
             if backend.imgsz:  # a static export: square (non-rect) letterbox at its fixed size, its fixed batch

@@ -9,6 +9,7 @@ import torch
 import yaml
 from torch import nn
 
+from ..errors import short_repr
 from .backbone import PAFPN
 from .blocks import ConvBNAct
 from .head import STRIDES, YOLOXHead
@@ -94,7 +95,7 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
             raise ConfigError(f"model={cfg}: {path} holds a {type(data).__name__}, not a mapping of model settings (depth, width, ...)")
     family = _family(data)
     if family not in FAMILIES:
-        raise ValueError(f"model config {cfg!r}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
+        raise ValueError(f"model config {short_repr(cfg)}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
     if path is None:
         name = str(data.get("name", FAMILIES[family]))
     elif path.stem.lower().startswith(family + "-"):
@@ -105,7 +106,7 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
         return parse_yolocb_cfg(data), name
     missing = [k for k in ("depth", "width") if k not in data]
     if missing:
-        raise KeyError(f"model config {cfg!r} lacks {', '.join(missing)}")
+        raise KeyError(f"model config {short_repr(cfg)} lacks {', '.join(missing)}")
     arch = {
         "depth": float(data["depth"]),
         "width": float(data["width"]),
