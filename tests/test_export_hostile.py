@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
@@ -123,3 +125,84 @@ def test_a_live_exports_temp_file_is_not_removed(good_export):
         assert live.exists()
     finally:
         live.unlink()
+
+
+# --- one line where a traceback was: the real CLI, exit status 2 ----------------------------------------------------
+def cli(args: list[str], cwd: Path, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
+    return subprocess.run([*(wrap or []), sys.executable, "-m", "yolo_cb", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def assert_one_line(result: subprocess.CompletedProcess, *expected: str) -> str:
+    """Exit 2, no traceback, and a 'yolo-cb: error:' line holding every expected piece."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = next(x for x in result.stderr.splitlines() if x.startswith("yolo-cb: error: "))
+    for piece in expected:
+        assert piece in line, line
+    return line
+
+
+def read_only_mount(mountpoint: Path, copy_in: Path) -> list[str]:
+    """A command prefix running the rest in a private mount namespace where `mountpoint` is a read-only tmpfs
+    holding a copy of `copy_in` (root ignores permission bits, a read-only filesystem it cannot)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) is not installed")
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    setup = (f'mount -t tmpfs -o size=8m tmpfs "{mountpoint}" && cp "{copy_in}" "{mountpoint}/" && '
+             f'mount -o remount,ro "{mountpoint}" && exec "$0" "$@"')
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", setup, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr.strip()}")
+    return ["unshare", "--mount", "--map-root-user", "sh", "-c", setup]
+
+
+def test_export_into_a_read_only_folder_is_one_line(good_export, tmp_path):
+    mnt = tmp_path / "ro"
+    wrap = read_only_mount(mnt, good_export["weights"])
+    result = cli(["export", f"model={mnt / 'm.pt'}", "imgsz=64"], tmp_path, wrap)
+    assert_one_line(result, str(mnt / "m.onnx"), "read-only", "copy")
+
+
+@pytest.mark.parametrize("opset", ["7", "9", "99"])
+def test_opset_the_exporter_cannot_write_is_one_line(good_export, tmp_path, opset):
+    from torch.onnx import _constants
+
+    result = cli(["export", f"model={good_export['weights']}", "imgsz=64", f"opset={opset}"], tmp_path)
+    assert_one_line(result, f"opset={opset}", f"10 to {_constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET}")
+
+
+def test_opset_range_is_what_the_exporter_writes(good_export, tmp_path):
+    """The range's ends are real: the lowest and highest accepted opsets export and load (dynamic needs 11)."""
+    from yolo_cb.engine.export_formats import OPSET_MIN_DYNAMIC, OPSET_MIN_STATIC, ExportSettingError, max_opset
+
+    weights = tmp_path / "ends.pt"
+    weights.write_bytes(good_export["weights"].read_bytes())
+    for opset, dynamic in ((OPSET_MIN_STATIC, False), (max_opset(), False), (OPSET_MIN_DYNAMIC, True)):
+        path = Exporter({"imgsz": 64, "opset": opset, "dynamic": dynamic, "simplify": False})(str(weights))
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    with pytest.raises(ExportSettingError, match="opset=10 .* 11 to"):
+        Exporter({"imgsz": 64, "opset": 10, "dynamic": True})(str(weights))
+
+
+def test_half_without_cuda_is_one_line(good_export, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: half=True exports")
+    result = cli(["export", f"model={good_export['weights']}", "imgsz=64", "half=True"], tmp_path)
+    assert_one_line(result, "half=True", "CUDA", "half=False")
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "text"])
+@pytest.mark.parametrize("mode", ["predict", "val"])
+def test_broken_onnx_file_is_one_line(good_export, tmp_path, kind, mode):
+    bad = tmp_path / f"{kind}.onnx"
+    good = good_export["onnx"].read_bytes()
+    bad.write_bytes({"empty": b"", "truncated": good[: len(good) // 2], "text": b"this is not a model\n" * 20}[kind])
+    image = tmp_path / "img.jpg"
+    cv2.imwrite(str(image), np.full((64, 64, 3), 127, np.uint8))
+    extra = [f"source={image}"] if mode == "predict" else [f"data={tmp_path / 'no_data.yaml'}"]
+    result = cli([mode, f"model={bad}", *extra, f"project={tmp_path / 'runs'}"], tmp_path)
+    assert_one_line(result, f"model={bad}", "ONNX", "export it again")

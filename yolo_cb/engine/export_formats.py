@@ -8,6 +8,7 @@ export to the same target.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolo_cb.errors import ConfigError
+from yolo_cb.errors import ConfigError, WriteError
 from yolo_cb.utils.files import create_temp, write_error
 from yolo_cb.utils.log import LOGGER
 
@@ -170,8 +171,9 @@ class StagedFile:
             staged.write(data); check(staged.path); staged.commit()
     """
 
-    def __init__(self, target: str | Path):
+    def __init__(self, target: str | Path, hint: str = ""):
         self.target = Path(target)
+        self.hint = hint  # what to do when the folder cannot be written (replaces write_error's generic advice)
         self.path: Path | None = None
         self.committed = False
 
@@ -182,8 +184,16 @@ class StagedFile:
             fd, self.path = create_temp(self.target.parent, f".{self.target.name}.{os.getpid()}.", ".tmp")
             os.close(fd)
         except OSError as error:
-            raise write_error(error, self.target, "the export") from error
+            raise self._error(error) from error
         return self
+
+    def _error(self, error: OSError) -> OSError:
+        converted = write_error(error, self.target, "the export")
+        if self.hint and isinstance(converted, WriteError):
+            full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+            return WriteError(f"{converted.message.rsplit('; ', 1)[0]}; {'free some space, or: ' if full else ''}{self.hint}",
+                              error.errno, str(self.target))
+        return converted
 
     def write(self, data: bytes) -> None:
         """Write `data` to the temp file and fsync it; a replaced target's permissions are kept."""
@@ -197,7 +207,7 @@ class StagedFile:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as error:
-            raise write_error(error, self.target, "the export") from error
+            raise self._error(error) from error
 
     def commit(self) -> Path:
         """Rename the temp file over the target (atomic on one filesystem); returns the target."""

@@ -325,7 +325,9 @@ class Exporter:
         self.run_callbacks("on_export_start")
         LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
                     f"half={bool(args.half)}{', opset ' + str(args.opset) if fmt == 'onnx' else ''})")
-        with StagedFile(file) as staged:  # a temp file beside `file`: an unwritable folder fails here, before the export
+        hint = (f"an export is written beside its checkpoint: copy {weights} to a folder this process may write to and export the copy"
+                if weights is not None else "pass project= a folder this process may write to")
+        with StagedFile(file, hint) as staged:  # a temp file beside `file`: an unwritable folder fails here, before the export
             staged.write(self._serialise(fmt, module, imgsz, batch, weights or type(module).__name__))
             image = self._verification_image(train_args, imgsz, batch).to(device)
             self.verification = self._verify(fmt, staged.path, module, image, target=file)
