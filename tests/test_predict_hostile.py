@@ -1,0 +1,104 @@
+"""Predict under hostile conditions: many large images, huge images, odd file names, signals, clashing names.
+
+Each case runs the real CLI (`python -m yolo_cb predict ...`) as a subprocess; memory is the child's own peak RSS
+as the kernel reports it (os.wait4), never a wall-clock figure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from yolo_cb.engine.checkpoint import save_checkpoint
+from yolo_cb.nn import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    """A valid yolo-cb checkpoint of a random yolox-nano (nc=2) whose scores give some boxes at conf 0.25."""
+    torch.manual_seed(0)
+    model = build_model("yolox-nano", nc=2, verbose=False)
+    with torch.no_grad():
+        for conv in (*model.head.obj_preds, *model.head.cls_preds):
+            conv.bias.fill_(0.5)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return save_checkpoint({"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": {0: "a", 1: "b"},
+                            "train_args": {"imgsz": 64}, "epoch": 0, "best_fitness": 0.0, "version": "0.1.0",
+                            "date": "2026-01-01T00:00:00"}, path)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("hostile_predict") / "m.pt")
+
+
+def scene(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A textured BGR image (noise compresses badly, so a JPEG of it stays realistic in size)."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (h // 8, w // 8, 3), dtype=np.uint8)
+    return cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+def cli_env(cwd: Path) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
+
+
+def predict_peak_rss(args: list[str], cwd: Path, limit_s: float = 300) -> tuple[int, str]:
+    """(peak RSS in KiB of one `yolo-cb predict` process, its stderr), from os.wait4 on that very child."""
+    log = cwd / f"stderr_{len(list(cwd.glob('stderr_*')))}.txt"
+    with open(log, "w") as err:
+        child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", *args], cwd=cwd, env=cli_env(cwd),
+                                 stdout=subprocess.DEVNULL, stderr=err)
+        timer = threading.Timer(limit_s, child.kill)  # a hung child is killed, not waited on forever
+        timer.start()
+        try:
+            _, status, usage = os.wait4(child.pid, 0)
+        finally:
+            timer.cancel()
+            child.returncode = os.waitstatus_to_exitcode(status)
+    text = log.read_text()
+    assert child.returncode == 0, text[-3000:]
+    return usage.ru_maxrss, text
+
+
+def test_cli_predict_memory_is_flat_in_the_number_of_images(weights, tmp_path):
+    """The report: 40 images of 3000x3000 took 2.02 GB against 1.08 GB for 4 (every decoded image was kept)."""
+    jpg = tmp_path / "big.jpg"
+    cv2.imwrite(str(jpg), scene(2400, 2400), [cv2.IMWRITE_JPEG_QUALITY, 90])  # 17 MB decoded
+    peaks = {}
+    for n in (4, 40):
+        folder = tmp_path / f"images{n}"
+        folder.mkdir()
+        for i in range(n):
+            (folder / f"im{i:02d}.jpg").write_bytes(jpg.read_bytes())
+        peaks[n], _ = predict_peak_rss([f"model={weights}", f"source={folder}", "imgsz=64", "save=False", "save_txt=True",
+                                        f"project={tmp_path / 'runs'}", f"name=n{n}"], tmp_path)
+        assert len(list((tmp_path / "runs" / f"n{n}" / "labels").glob("*.txt"))) == n  # every image was predicted
+    # kept images would add 36 x 17 MB = 620 MB to the ~1.1 GB of the libraries (torch, onnxruntime, OpenCV)
+    assert peaks[40] < 1.15 * peaks[4], peaks
+
+
+def test_cli_predict_memory_is_flat_in_the_number_of_video_frames(weights, tmp_path):
+    """The report: a 600-frame 720p video took 2.57 GB (every frame was kept)."""
+    peaks = {}
+    for n in (20, 200):
+        video = tmp_path / f"clip{n}.avi"
+        writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (1280, 720))
+        frame = scene(720, 1280)
+        for i in range(n):
+            writer.write(np.roll(frame, 8 * i, axis=1))
+        writer.release()
+        peaks[n], _ = predict_peak_rss([f"model={weights}", f"source={video}", "imgsz=64", "save=False", "save_txt=True",
+                                        f"project={tmp_path / 'runs'}", f"name=v{n}"], tmp_path)
+        assert len(list((tmp_path / "runs" / f"v{n}" / "labels").glob("*.txt"))) == n  # every frame was predicted
+    # kept frames would add 180 x 2.8 MB = 500 MB to the ~1.1 GB of the libraries
+    assert peaks[200] < 1.1 * peaks[20], peaks
