@@ -52,12 +52,37 @@ def cli_env(cwd: Path) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
 
 
-def predict_peak_rss(args: list[str], cwd: Path, limit_s: float = 300) -> tuple[int, str]:
-    """(peak RSS in KiB of one `yolo-cb predict` process, its stderr), from os.wait4 on that very child."""
+def cap(address_space: int | None):
+    """A preexec_fn setting RLIMIT_AS in the child, or None."""
+    if address_space is None:
+        return None
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+def huge_png(path: Path, w: int, h: int) -> Path:
+    """A valid 1-bit grayscale PNG of w x h (all black), written row by row: ~100 KB on disk, w*h*3 bytes decoded as BGR."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer, row = zlib.compressobj(9), b"\0" * (1 + (w + 7) // 8)  # filter byte 0, then the packed bits
+    idat = b"".join(packer.compress(row) for _ in range(h)) + packer.flush()
+    header = struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return path
+
+
+def predict_peak_rss(args: list[str], cwd: Path, limit_s: float = 300, address_space: int | None = None) -> tuple[int, str]:
+    """(peak RSS in KiB of one `yolo-cb predict` process, its output), from os.wait4 on that very child; `address_space`:
+    an RLIMIT_AS cap in bytes, so a runaway allocation fails in the child instead of swamping the machine."""
     log = cwd / f"stderr_{len(list(cwd.glob('stderr_*')))}.txt"
     with open(log, "w") as err:
         child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", *args], cwd=cwd, env=cli_env(cwd),
-                                 stdout=subprocess.DEVNULL, stderr=err)
+                                 stdout=err, stderr=subprocess.STDOUT, preexec_fn=cap(address_space))
         timer = threading.Timer(limit_s, child.kill)  # a hung child is killed, not waited on forever
         timer.start()
         try:
@@ -102,3 +127,24 @@ def test_cli_predict_memory_is_flat_in_the_number_of_video_frames(weights, tmp_p
         assert len(list((tmp_path / "runs" / f"v{n}" / "labels").glob("*.txt"))) == n  # every frame was predicted
     # kept frames would add 180 x 2.8 MB = 500 MB to the ~1.1 GB of the libraries
     assert peaks[200] < 1.1 * peaks[20], peaks
+
+
+def test_predict_refuses_the_pixels_training_refuses(weights, tmp_path):
+    """The report: predict decoded the 30000x30000 PNG that training refuses (6.2 GB RSS). Now it is skipped from its
+    header with one warning naming the file and the limit, and the other images are predicted."""
+    from PIL import Image
+
+    from yolo_cb.data.verify import verify_image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    bomb = huge_png(folder / "bomb.png", 30000, 30000)
+    cv2.imwrite(str(folder / "ok.jpg"), scene(64, 64))
+    assert verify_image(str(bomb))[0] is None  # training refuses it
+    limit = 2 * Image.MAX_IMAGE_PIXELS
+    peak, stderr = predict_peak_rss([f"model={weights}", f"source={folder}", "imgsz=64", "save=False", "save_txt=True",
+                                     f"project={tmp_path / 'runs'}", "name=p"], tmp_path, address_space=6 * 2**30)
+    line = next((x for x in stderr.splitlines() if "bomb.png" in x), stderr[-2000:])
+    assert "skipping" in line and "900,000,000 pixels" in line and f"{limit:,}" in line, line
+    assert sorted(p.name for p in (tmp_path / "runs" / "p" / "labels").iterdir()) == ["ok.txt"]
+    assert peak < 2 * 2**20, peak  # KiB: the libraries (~1.1 GB), not the 2.7 GB a decode of the bomb takes

@@ -72,6 +72,27 @@ def _expand(source: Any) -> list[Any]:
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob or .txt list)")
 
 
+def too_many_pixels(path: str) -> str | None:
+    """Why `path` is refused before decoding: more pixels than training accepts, read from the header (no decode).
+
+    Training refuses such an image when Pillow opens it to verify it (a DecompressionBombError above
+    2 x PIL.Image.MAX_IMAGE_PIXELS, 178,956,970 pixels by default); predict applies the same limit, the same way."""
+    import re
+
+    from PIL import Image
+
+    try:
+        with Image.open(path):  # lazy: reads the header only, and raises for a decompression bomb
+            return None
+    except Image.DecompressionBombError as error:
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        pixels = f"{int(found.group(1)):,} pixels" if found else str(error)
+        return (f"{pixels}, more than training accepts ({2 * int(Image.MAX_IMAGE_PIXELS or 0):,}: Pillow's decompression-bomb "
+                f"limit, 2 x PIL.Image.MAX_IMAGE_PIXELS); resize it to predict on it")
+    except Exception:  # not an image Pillow reads: OpenCV decides, as in training's imread
+        return None
+
+
 def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
     """(path, BGR image, frame index or None) for every image and video frame of `source`; unreadable files are skipped with a warning."""
     for n, item in enumerate(_expand(source)):
@@ -95,6 +116,10 @@ def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
                     LOGGER.warning(f"skipping unreadable video {item} (no frames decoded)")
             finally:
                 capture.release()
+            continue
+        refused = too_many_pixels(item)
+        if refused is not None:
+            LOGGER.warning(f"skipping {item}: {refused}")
             continue
         img = imread(item)  # as training reads it: EXIF orientation applied
         if img is None:
