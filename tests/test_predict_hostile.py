@@ -7,6 +7,7 @@ as the kernel reports it (os.wait4), never a wall-clock figure.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -148,3 +149,61 @@ def test_predict_refuses_the_pixels_training_refuses(weights, tmp_path):
     assert "skipping" in line and "900,000,000 pixels" in line and f"{limit:,}" in line, line
     assert sorted(p.name for p in (tmp_path / "runs" / "p" / "labels").iterdir()) == ["ok.txt"]
     assert peak < 2 * 2**20, peak  # KiB: the libraries (~1.1 GB), not the 2.7 GB a decode of the bomb takes
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_with_one_line(weights, tmp_path):
+    """The report: such a name in a predict folder was a segmentation fault with no message (OpenCV on the path)."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "ok.jpg"), scene(64, 64))
+    os.rename(folder / "ok.jpg", os.fsencode(folder) + b"/caf\xe9.jpg")  # Latin-1 bytes: not UTF-8
+    cv2.imwrite(str(folder / "ok.jpg"), scene(64, 64, seed=1))
+    _, output = predict_peak_rss([f"model={weights}", f"source={folder}", "imgsz=64", "save_txt=True",
+                                  f"project={tmp_path / 'runs'}", "name=p"], tmp_path)
+    line = next(x for x in output.splitlines() if "not valid UTF-8" in x)
+    assert "skipping" in line and "caf\\xe9.jpg" in line, line
+    run = tmp_path / "runs" / "p"
+    assert sorted(p.name for p in (run / "labels").iterdir()) == ["ok.txt"] and (run / "ok.jpg").is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_video_predict_leaves_a_readable_video(weights, tmp_path, sig):
+    """The report: SIGTERM during video predict left an unreadable file (SIGINT kept it): both finalise the video."""
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (320, 240))
+    frame = scene(240, 320)
+    for i in range(1500):  # far more than are predicted before the signal
+        writer.write(np.roll(frame, 4 * i, axis=1))
+    writer.release()
+    out = tmp_path / "runs" / "p" / "clip.mp4"
+    child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", f"model={weights}", f"source={video}", "imgsz=64",
+                              f"project={tmp_path / 'runs'}", "name=p"], cwd=tmp_path, env=cli_env(tmp_path),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while child.poll() is None and not (out.is_file() and out.stat().st_size > 50_000):  # some frames are written
+            threading.Event().wait(0.02)
+        child.send_signal(sig)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    capture = cv2.VideoCapture(str(out))
+    frames = 0
+    while capture.read()[0]:
+        frames += 1
+    capture.release()
+    assert 0 < frames < 1500, (frames, child.returncode)
+    assert child.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], stderr[-3000:]  # stopped, not finished
+
+
+def test_images_sharing_a_stem_keep_their_own_label_files(weights, tmp_path):
+    """The report: a.jpg and a.png in one folder shared labels/a.txt in predict's save_txt (the last one won)."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "a.jpg"), scene(64, 64, seed=1))
+    cv2.imwrite(str(folder / "a.png"), scene(96, 64, seed=2))
+    _, output = predict_peak_rss([f"model={weights}", f"source={folder}", "imgsz=64", "save_txt=True", "save_conf=True",
+                                  f"project={tmp_path / 'runs'}", "name=p"], tmp_path)
+    labels = tmp_path / "runs" / "p" / "labels"
+    assert sorted(p.name for p in labels.iterdir()) == ["a.txt", "a_png.txt"]
+    assert any("a_png.txt" in x and "a.png" in x for x in output.splitlines()), output[-2000:]
+    assert sorted(p.name for p in (tmp_path / "runs" / "p").glob("a.*")) == ["a.jpg", "a.png"]

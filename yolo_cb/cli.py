@@ -90,8 +90,13 @@ def drain(results: Iterator[object]) -> int:
     """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
     the number of images and video frames. Returns how many there were."""
     count = 0
-    for _ in results:
-        count += 1
+    try:
+        for _ in results:
+            count += 1
+    finally:  # an interrupt between two results still closes the stream (its videos are finalised)
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
     return count
 
 
