@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import cv2
@@ -206,3 +207,30 @@ def test_broken_onnx_file_is_one_line(good_export, tmp_path, kind, mode):
     extra = [f"source={image}"] if mode == "predict" else [f"data={tmp_path / 'no_data.yaml'}"]
     result = cli([mode, f"model={bad}", *extra, f"project={tmp_path / 'runs'}"], tmp_path)
     assert_one_line(result, f"model={bad}", "ONNX", "export it again")
+
+
+ROUNDTRIP_CHILD = r"""
+import torch
+from yolo_cb.integrations.onnx_check import onnx_roundtrip
+from yolo_cb.nn import build_model
+model = build_model("yolox-nano", nc=2, verbose=False)
+for _ in range(3):
+    onnx_roundtrip(model, torch.rand(1, 3, 64, 64), simplify=False)
+"""
+
+
+def test_kill_during_the_training_onnx_check_leaves_nothing_in_the_system_temp(library_leftovers, tmp_path):
+    """The training callback onnx_check exported to a folder in the system temp (removed only if the process lived on):
+    now it checks in memory. The child is SIGKILLed the moment anything new appears in its TMPDIR."""
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", ROUNDTRIP_CHILD], env=child_env(systmp), stderr=subprocess.PIPE, text=True)
+    try:
+        while child.poll() is None and not set(os.listdir(systmp)) - library_leftovers:
+            threading.Event().wait(0.005)
+        child.kill()
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert set(os.listdir(systmp)) <= library_leftovers, stderr[-2000:]
+    assert child.returncode == 0, stderr[-2000:]  # it ran to the end: nothing appeared that would have stopped it
