@@ -258,7 +258,7 @@ class Predictor:
             for writer in self._writers.values():
                 writer.release()
             self._writers.clear()
-            if previous_term is not None:
+            if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
                 signal.signal(signal.SIGTERM, previous_term)
         if self.save_dir is not None:
             LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
