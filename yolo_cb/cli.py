@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 
 from yolo_cb.config import describe_settings, load_defaults
 from yolo_cb.errors import UserError
@@ -85,6 +86,20 @@ def print_settings() -> None:
             print(f"{key:<24} {shown:<12} {comment}")
 
 
+def drain(results: Iterator[object]) -> int:
+    """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
+    the number of images and video frames. Returns how many there were."""
+    count = 0
+    try:
+        for _ in results:
+            count += 1
+    finally:  # an interrupt between two results still closes the stream (its videos are finalised)
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+    return count
+
+
 def run(argv: list[str]) -> object:
     mode, overrides = parse_args(argv)
     if mode == "help":
@@ -108,7 +123,7 @@ def run(argv: list[str]) -> object:
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
-        return model.run_predict(kwargs.pop("source", None), False, kwargs, save=True)
+        return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
 

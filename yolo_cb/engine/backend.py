@@ -12,13 +12,14 @@ from __future__ import annotations
 import ast
 import json
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from yolo_cb.errors import ConfigError
+from yolo_cb.errors import CheckpointError, ConfigError
 from yolo_cb.utils.log import LOGGER
 
 TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
@@ -167,6 +168,31 @@ class PyTorchBackend(Backend):
         return y.float()
 
 
+def unusable_onnx(path: Path) -> str | None:
+    """Why `path` cannot be an ONNX model (empty, truncated, another kind of file, an invalid graph), or None."""
+    import onnx
+
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf's DecodeError, or onnx's own parse errors
+        return "it does not parse as ONNX (truncated, or another kind of file)"
+    if not proto.ir_version or not proto.graph.node:
+        return "it holds no ONNX graph (another kind of file)"
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as error:
+        return f"its graph is invalid ({str(error).strip().splitlines()[0][:200]})"
+    return None
+
+
+def bad_model_file(path: Path, kind: str, reason: str) -> CheckpointError:
+    """The one-line error for a model file that cannot be loaded: the file, why, and what to do."""
+    return CheckpointError(f"model={path}: not a usable {kind} model: {reason}; export it again from the .pt checkpoint "
+                           f"(yolo-cb export model=path/to/best.pt format={kind.lower()})")
+
+
 class ONNXBackend(Backend):
     kind = "onnx"
 
@@ -182,7 +208,13 @@ class ONNXBackend(Backend):
         options.log_severity_level = 3
         # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        except Exception:  # onnxruntime's own Fail / InvalidProtobuf / InvalidGraph: a user error only when the file is at fault
+            reason = unusable_onnx(Path(path))
+            if reason is None:
+                raise
+            raise bad_model_file(Path(path), "ONNX", reason) from None
         meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
@@ -214,7 +246,13 @@ class TorchScriptBackend(Backend):
         extra = {TORCHSCRIPT_META: ""}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-            self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+            try:
+                self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+            except RuntimeError:
+                if zipfile.is_zipfile(path):
+                    raise
+                reason = "the file is empty" if Path(path).stat().st_size == 0 else "it is not a TorchScript archive (truncated, or another kind of file)"
+                raise bad_model_file(Path(path), "TorchScript", reason) from None
         meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
         dynamic = bool(meta.get("dynamic", False))
         imgsz = meta.get("imgsz") if not dynamic else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,97 +22,27 @@ from torch import nn
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.verify import IMG_SUFFIXES
-from yolo_cb.engine.backend import TORCHSCRIPT_META, max_stride
+from yolo_cb.engine.backend import max_stride
+from yolo_cb.engine.export_formats import (  # noqa: F401 - public here too
+    ExportError,
+    ExportSettingError,
+    ExportWrapper,
+    StagedFile,
+    check_opset,
+    export_onnx,
+    export_torchscript,
+    onnx_bytes,
+    torchscript_bytes,
+)
 from yolo_cb.utils.log import LOGGER
 
 EXPORT_DEFAULTS = {"mode": "export", "batch": 1}  # an export is for batch 1 unless batch= is given explicitly
-
-
-class ExportError(RuntimeError):
-    """Export failed, or the exported file disagrees with PyTorch beyond export_tol."""
 
 
 def _version() -> str:
     from yolo_cb import __version__
 
     return str(__version__)
-
-
-class ExportWrapper(nn.Module):
-    """The eval graph that is exported: raw head outputs decoded in-graph.
-
-    Static shapes: the model's own decode (cell grids become constants). Dynamic shapes: grids are built in-graph from
-    each feature map's size with cumsum over ones (no Range / python ints), so one file serves any batch and size.
-    """
-
-    def __init__(self, model: nn.Module, dynamic: bool = False):
-        super().__init__()
-        self.model = model
-        self.dynamic = dynamic
-        self.strides = tuple(int(s) for s in model.stride.tolist()) if isinstance(model.stride, torch.Tensor) else tuple(model.stride)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.dynamic:
-            return self.model(x)
-        raw = self.model.raw_outputs(x)
-        outs = []
-        for o, stride in zip(raw, self.strides, strict=True):
-            ones = torch.ones_like(o[0, 0])  # (H, W)
-            gx = ones.cumsum(1) - 1  # column index per cell
-            gy = ones.cumsum(0) - 1  # row index per cell
-            grid = torch.stack((gx, gy), dim=-1).reshape(1, -1, 2)  # (1, H*W, 2), row-major
-            p = o.flatten(2).transpose(1, 2)  # (B, H*W, 5 + nc)
-            xy = (p[..., :2] + grid) * stride
-            wh = torch.exp(p[..., 2:4]) * stride
-            outs.append(torch.cat((xy, wh, torch.sigmoid(p[..., 4:])), dim=-1))
-        return torch.cat(outs, dim=1)
-
-
-def export_onnx(model: nn.Module, file: str | Path, imgsz: tuple[int, int], opset: int = 17, dynamic: bool = False,
-                simplify: bool = True, batch: int = 1, metadata: dict[str, Any] | None = None) -> Path:
-    """Export an eval-mode (fused) YOLOX to `file` with torch.onnx (TorchScript-based exporter), simplify, add metadata."""
-    import onnx
-
-    file = Path(file)
-    param = next(model.parameters())
-    im = torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
-    wrapper = ExportWrapper(model, dynamic=dynamic).eval()
-    dynamic_axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}} if dynamic else None
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TracerWarnings about constant grids are expected for static exports
-        raw_file = Path(tmp) / "raw.onnx"
-        torch.onnx.export(wrapper, im, str(raw_file), opset_version=int(opset), input_names=["images"], output_names=["output0"],
-                          dynamic_axes=dynamic_axes, do_constant_folding=True, dynamo=False)
-        proto = onnx.load(str(raw_file))
-    onnx.checker.check_model(proto)
-    if simplify:
-        try:
-            import onnxslim
-
-            proto = onnxslim.slim(proto)
-        except Exception as error:  # a failed simplification keeps the plain (valid) graph
-            LOGGER.warning(f"onnxslim simplification failed, keeping the unsimplified graph: {error}")
-    del proto.metadata_props[:]
-    for key, value in (metadata or {}).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = str(key), value if isinstance(value, str) else json.dumps(value)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(proto, str(file))
-    return file
-
-
-def export_torchscript(model: nn.Module, file: str | Path, imgsz: tuple[int, int], dynamic: bool = False, batch: int = 1,
-                       metadata: dict[str, Any] | None = None) -> Path:
-    """torch.jit.trace the eval graph; metadata JSON goes into the archive's extra file config.txt."""
-    file = Path(file)
-    param = next(model.parameters())
-    im = torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        traced = torch.jit.trace(ExportWrapper(model, dynamic=dynamic).eval(), im, strict=False, check_trace=False)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    traced.save(str(file), _extra_files={TORCHSCRIPT_META: json.dumps(metadata or {})})
-    return file
 
 
 def compare(output: Any, reference: Any) -> dict[str, float]:
@@ -289,7 +218,7 @@ class Exporter:
 
         device = select_device(self.args.device or "")
         if device.type != "cuda":
-            raise ExportError("half=True (fp16 export) needs a CUDA device; CUDA is not available here "
+            raise ExportSettingError("half=True (fp16 export) needs a CUDA device; CUDA is not available here "
                               f"(device={self.args.device or 'auto'}). Export in fp32 (half=False) instead.")
         return device
 
@@ -319,7 +248,8 @@ class Exporter:
             images.append(preprocess(cv2.flip(img, 1) if i % 2 else img[: img.shape[0] * 3 // 4], imgsz, auto=False)[0])
         return torch.stack(images)
 
-    def _verify(self, fmt: str, file: Path, model: nn.Module, image: torch.Tensor) -> dict[str, float]:
+    def _verify(self, fmt: str, file: Path, model: nn.Module, image: torch.Tensor, target: Path | None = None) -> dict[str, float]:
+        """Run `file` against PyTorch; ExportError above export_tol (`target`: the file it would become, left unchanged)."""
         fn = verify_onnx if fmt == "onnx" else verify_torchscript
         result = fn(file, model, image)
         tol = float(self.args.export_tol)
@@ -328,26 +258,16 @@ class Exporter:
         LOGGER.info(f"export verification ({fmt}, {tuple(image.shape)} image from {self.image_path}): difference vs PyTorch "
                     f"{result['max_err']:.3g} (abs up to 1, relative above; tolerance {tol:g}), max abs {result['max_abs']:.3g}")
         if result["max_err"] > tol:
-            raise ExportError(f"exported {fmt} file {file} differs from PyTorch by {result['max_err']:.4g} (abs for values up to 1, "
-                              f"relative above; max abs {result['max_abs']:.4g}) on {self.image_path}, above export_tol={tol:g}")
+            kept = f"; not saved, {target} is unchanged" if target is not None else ""
+            raise ExportError(f"exported {fmt} file {target or file} differs from PyTorch by {result['max_err']:.4g} (abs for values up "
+                              f"to 1, relative above; max abs {result['max_abs']:.4g}) on {self.image_path}, above export_tol={tol:g}{kept}")
         return result
 
     # --- entry ------------------------------------------------------------------------------
-    def __call__(self, model: Any = None) -> str:
+    def _metadata(self, module: nn.Module, imgsz: tuple[int, int], batch: int) -> dict[str, Any]:
         args = self.args
-        fmt = str(args.format).lower()
-        if fmt not in ("onnx", "torchscript"):
-            raise ValueError(f"format={args.format!r} is not supported; use onnx or torchscript")
-        device = self._device()
-        module, weights, train_args = self._load(model)
-        module = module.to(device)
-        if args.half:
-            module = module.half()
-        self.model = module
-        imgsz = self._imgsz()
-        batch = int(args.batch or 1)
         names = {int(k): str(v) for k, v in (getattr(module, "names", None) or {i: str(i) for i in range(module.nc)}).items()}
-        self.metadata = {
+        return {
             "description": f"yolo-cb {getattr(module, 'name', 'YOLOX')} detector",
             "author": "yolo-cb",
             "task": args.task,
@@ -361,29 +281,56 @@ class Exporter:
             "half": json.dumps(bool(args.half)),
             "output": "(B, A, 5 + nc): cx, cy, w, h (input pixels), obj, class scores (sigmoided); A = sum over strides 8/16/32 of H/s * W/s",
         }
+
+    def _target(self, fmt: str, weights: Path | None, module: nn.Module) -> Path:
         suffix = ".onnx" if fmt == "onnx" else ".torchscript"
         if weights is not None:
-            file = weights.with_suffix(suffix)
-        else:
-            stem = str(getattr(module, "name", "yolox")).lower() or "yolox"
-            file = Path(args.project or ".") / f"{stem}{suffix}"
-        self.file = file
-        self.run_callbacks("on_export_start")
-        LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
-                    f"half={bool(args.half)}{', opset ' + str(args.opset) if fmt == 'onnx' else ''})")
+            return weights.with_suffix(suffix)
+        stem = str(getattr(module, "name", "yolox")).lower() or "yolox"
+        return Path(self.args.project or ".") / f"{stem}{suffix}"
+
+    def _serialise(self, fmt: str, module: nn.Module, imgsz: tuple[int, int], batch: int, source: Any) -> bytes:
+        from yolo_cb.engine.backend import TORCHSCRIPT_META
+
+        args = self.args
         try:
             if fmt == "onnx":
-                export_onnx(module, file, imgsz, opset=args.opset, dynamic=bool(args.dynamic), simplify=bool(args.simplify),
-                            batch=batch, metadata=self.metadata)
-            else:
-                export_torchscript(module, file, imgsz, dynamic=bool(args.dynamic), batch=batch, metadata=self.metadata)
+                return onnx_bytes(module, imgsz, opset=args.opset, dynamic=bool(args.dynamic), simplify=bool(args.simplify),
+                                  batch=batch, metadata=self.metadata)
+            return torchscript_bytes(module, imgsz, dynamic=bool(args.dynamic), batch=batch, metadata=self.metadata,
+                                     meta_key=TORCHSCRIPT_META)
         except ExportError:
             raise
         except Exception as error:
-            raise ExportError(f"{fmt} export of {weights or type(module).__name__} failed: {type(error).__name__}: {error}") from error
-        image = self._verification_image(train_args, imgsz, batch).to(device)
-        self.verification = self._verify(fmt, file, module, image)
-        size_mb = file.stat().st_size / 1e6
-        LOGGER.info(f"export done: {file} ({size_mb:.1f} MB)")
+            raise ExportError(f"{fmt} export of {source} failed: {type(error).__name__}: {error}") from error
+
+    def __call__(self, model: Any = None) -> str:
+        args = self.args
+        fmt = str(args.format).lower()
+        if fmt not in ("onnx", "torchscript"):
+            raise ValueError(f"format={args.format!r} is not supported; use onnx or torchscript")
+        if fmt == "onnx":
+            check_opset(args.opset, bool(args.dynamic))  # before any work
+        device = self._device()
+        module, weights, train_args = self._load(model)
+        module = module.to(device)
+        if args.half:
+            module = module.half()
+        self.model = module
+        imgsz = self._imgsz()
+        batch = int(args.batch or 1)
+        self.metadata = self._metadata(module, imgsz, batch)
+        self.file = file = self._target(fmt, weights, module)
+        self.run_callbacks("on_export_start")
+        LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
+                    f"half={bool(args.half)}{', opset ' + str(args.opset) if fmt == 'onnx' else ''})")
+        hint = (f"an export is written beside its checkpoint: copy {weights} to a folder this process may write to and export the copy"
+                if weights is not None else "pass project= a folder this process may write to")
+        with StagedFile(file, hint) as staged:  # a temp file beside `file`: an unwritable folder fails here, before the export
+            staged.write(self._serialise(fmt, module, imgsz, batch, weights or type(module).__name__))
+            image = self._verification_image(train_args, imgsz, batch).to(device)
+            self.verification = self._verify(fmt, staged.path, module, image, target=file)
+            staged.commit()
+        LOGGER.info(f"export done: {file} ({file.stat().st_size / 1e6:.1f} MB)")
         self.run_callbacks("on_export_end")
         return str(file)

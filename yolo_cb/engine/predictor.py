@@ -9,6 +9,9 @@ Sources: an image path, a folder, a glob, a video file, a .txt list of paths, a 
 from __future__ import annotations
 
 import glob
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,11 +75,45 @@ def _expand(source: Any) -> list[Any]:
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob or .txt list)")
 
 
+def too_many_pixels(path: str) -> str | None:
+    """Why `path` is refused before decoding: more pixels than training accepts, read from the header (no decode).
+
+    Training refuses such an image when Pillow opens it to verify it (a DecompressionBombError above
+    2 x PIL.Image.MAX_IMAGE_PIXELS, 178,956,970 pixels by default); predict applies the same limit, the same way."""
+    import re
+
+    from PIL import Image
+
+    try:
+        with Image.open(path):  # lazy: reads the header only, and raises for a decompression bomb
+            return None
+    except Image.DecompressionBombError as error:
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        pixels = f"{int(found.group(1)):,} pixels" if found else str(error)
+        return (f"{pixels}, more than training accepts ({2 * int(Image.MAX_IMAGE_PIXELS or 0):,}: Pillow's decompression-bomb "
+                f"limit, 2 x PIL.Image.MAX_IMAGE_PIXELS); resize it to predict on it")
+    except Exception:  # not an image Pillow reads: OpenCV decides, as in training's imread
+        return None
+
+
+def undecodable_name(path: str) -> str | None:
+    """`path` written with \\xNN escapes when its name is not valid UTF-8 (OpenCV crashes on such a path), else None."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return None
+
+
 def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
     """(path, BGR image, frame index or None) for every image and video frame of `source`; unreadable files are skipped with a warning."""
     for n, item in enumerate(_expand(source)):
         if isinstance(item, np.ndarray):
             yield f"image{n}.jpg", item, None
+            continue
+        shown = undecodable_name(item)
+        if shown is not None:  # as training does with such names: skipped, named once
+            LOGGER.warning(f"skipping {shown}: the file name is not valid UTF-8 (OpenCV cannot open it); rename it to predict on it")
             continue
         if Path(item).suffix.lower() in VIDEO_SUFFIXES:
             capture = cv2.VideoCapture(item)
@@ -96,11 +133,27 @@ def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
             finally:
                 capture.release()
             continue
+        refused = too_many_pixels(item)
+        if refused is not None:
+            LOGGER.warning(f"skipping {item}: {refused}")
+            continue
         img = imread(item)  # as training reads it: EXIF orientation applied
         if img is None:
             LOGGER.warning(f"skipping unreadable image {item}")
             continue
         yield item, img, None
+
+
+def term_as_exit() -> Any:
+    """Make SIGTERM raise SystemExit(143) (as Ctrl-C raises KeyboardInterrupt) so that open videos are finalised;
+    returns the handler to restore, or None when nothing was changed (not the main thread, or a handler of the user's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 class Predictor:
@@ -121,6 +174,7 @@ class Predictor:
         self._described = 0  # source items described so far in this call (predictor.batch's third element)
         self.imgsz: tuple[int, int] | None = None
         self._writers: dict[str, cv2.VideoWriter] = {}
+        self._claimed: dict[tuple[str, str], str] = {}  # (kind, output file name) -> the source it was given to
 
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
@@ -171,8 +225,9 @@ class Predictor:
         frames = iter_frames(items)
         if self.args.save or self.args.save_txt:
             self.save_dir = self._make_save_dir()
-        self.seen, self._described = 0, 0
+        self.seen, self._described, self._claimed = 0, 0, {}
         self.run_callbacks("on_predict_start")
+        previous_term = term_as_exit()
         try:
             for batch in self._batches(frames, backend.batch or 1):
                 paths, images, frame_ids = (list(v) for v in zip(*batch, strict=True))
@@ -199,10 +254,12 @@ class Predictor:
                         LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
                 self.run_callbacks("on_predict_batch_end")
                 yield from self.results
-        finally:
+        finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
             for writer in self._writers.values():
                 writer.release()
             self._writers.clear()
+            if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
+                signal.signal(signal.SIGTERM, previous_term)
         if self.save_dir is not None:
             LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
         self.run_callbacks("on_predict_end")
@@ -230,13 +287,28 @@ class Predictor:
 
         return run_dir(self.args, "predict")
 
+    def _claim(self, kind: str, name: str, source: str) -> str:
+        """The output file name for `source` in save_dir: `name`, or, when another source already has it (a.jpg and
+        a.png both give labels/a.txt; x/a.jpg and y/a.jpg both give a.jpg), `name` tagged with the source's suffix
+        (a_png.txt), then numbered; the rename is named in one warning."""
+        if self._claimed.setdefault((kind, name), source) == source:
+            return name
+        base, ext = os.path.splitext(name)
+        tag, n = Path(source).suffix[1:].lower() or "file", 1
+        candidate = f"{base}_{tag}{ext}"
+        while self._claimed.setdefault((kind, candidate), source) != source:
+            n += 1
+            candidate = f"{base}_{tag}{n}{ext}"
+        LOGGER.warning(f"{name} is already the {kind} output of {self._claimed[(kind, name)]}: the one of {source} is {candidate}")
+        return candidate
+
     def save_result(self, r: Results) -> None:
         if self.save_dir is None:
             return
         stem = Path(r.path).stem
         txt_stem = stem if r.frame is None else f"{stem}_{r.frame}"
         if self.args.save_txt:
-            txt = self.save_dir / "labels" / f"{txt_stem}.txt"
+            txt = self.save_dir / "labels" / self._claim("labels", f"{txt_stem}.txt", r.path)
             if len(r):
                 r.save_txt(txt, save_conf=bool(self.args.save_conf))
             else:
@@ -247,7 +319,7 @@ class Predictor:
         plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels))
         if r.frame is None:
             suffix = Path(r.path).suffix.lower()
-            name = Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg"
+            name = self._claim("image", Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg", r.path)
             if not cv2.imwrite(str(self.save_dir / name), plotted):
                 LOGGER.warning(f"could not write {self.save_dir / name}")
             return
@@ -257,6 +329,7 @@ class Predictor:
             fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
             capture.release()
             h, w = plotted.shape[:2]
-            writer = cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+            name = self._claim("video", f"{stem}.mp4", r.path)
+            writer = cv2.VideoWriter(str(self.save_dir / name), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
             self._writers[r.path] = writer
         writer.write(plotted)

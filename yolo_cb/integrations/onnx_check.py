@@ -2,14 +2,14 @@
 
 Twice per training: before the first epoch (on_pretrain_routine_end, the EMA/bare model) and on best.pt after the
 final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (same opset and
-simplification as `yolo-cb export`) to a temporary file, checked with onnx.checker, run in onnxruntime on a real
+simplification as `yolo-cb export`) in memory (no file), checked with onnx.checker, run in onnxruntime on a real
 image (the first validation image, letterboxed, float in [0, 1]) and every output compared with PyTorch:
 
     ONNX check (pretrain): difference 2.1e-06 (max abs 2.1e-06) vs PyTorch — OK
 
 The difference is the export verification's (exporter.compare): absolute for values up to 1, relative above.
 A failed export or a difference above onnx_check_tol warns loudly (true) or raises (strict; the trainer
-registers the check with on_error="raise" then, so training fails before its first epoch). Temp files are removed.
+registers the check with on_error="raise" then, so training fails before its first epoch). No file is written.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,14 +30,14 @@ class OnnxCheckError(RuntimeError):
 
 
 def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict[str, float]:
-    """Export a fused eval copy of `model` to a temp ONNX file, check it, run it in onnxruntime on `image` (B, 3, H, W)
+    """Export a fused eval copy of `model` to ONNX in memory, check it, run it in onnxruntime on `image` (B, 3, H, W)
     float in [0, 1] and compare every output with PyTorch: {max_abs, max_rel, max_err} over all outputs. Export errors propagate."""
     import numpy as np
     import onnx
     import onnxruntime as ort
     import torch
 
-    from yolo_cb.engine.exporter import compare, export_onnx
+    from yolo_cb.engine.exporter import compare, onnx_bytes
 
     module = copy.deepcopy(model).cpu().float().eval()
     for p in module.parameters():
@@ -46,17 +45,12 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict
     if hasattr(module, "fuse"):
         module = module.fuse() or module
     image = image.detach().cpu().float()
-    folder = tempfile.mkdtemp(prefix="yolo_cb_onnx_check_")
-    try:
-        with drop_torch_ir_dump():
-            path = export_onnx(module, Path(folder) / "check.onnx", tuple(image.shape[-2:]), opset=opset, dynamic=False,
-                               simplify=simplify, batch=image.shape[0])
-        onnx.checker.check_model(str(path))
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        outputs = session.run(None, {session.get_inputs()[0].name: image.numpy().astype(np.float32)})
-        del session
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with drop_torch_ir_dump():  # in memory: no file, so nothing is left behind if the process is killed
+        data = onnx_bytes(module, tuple(image.shape[-2:]), opset=opset, dynamic=False, simplify=simplify, batch=image.shape[0])
+    onnx.checker.check_model(onnx.load_from_string(data))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    outputs = session.run(None, {session.get_inputs()[0].name: image.numpy().astype(np.float32)})
+    del session
     with torch.no_grad():
         reference = _flatten(module(image))
     if len(outputs) != len(reference):
