@@ -10,26 +10,16 @@ the run. Places are never taken from the checkpoint: the user's value, else toda
 
 from __future__ import annotations
 
-import reprlib
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.errors import ConfigError
+from yolo_cb.errors import ConfigError, short_repr
 
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
 # which may declare code) and places to write (or a server to write to): the user's value, else the default.
 PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
-
-def short_repr(value: Any) -> str:
-    """A value as a short repr (at most a few dozen characters): messages never print a whole crafted value."""
-    short = reprlib.Repr()
-    short.maxstring = short.maxother = 60
-    short.maxlist = short.maxdict = 3
-    short.maxlevel = 2
-    return short.repr(value)
-
 
 def _names_code(key: str, value: Any) -> bool:
     if value in (None, "", [], {}, (), False):
