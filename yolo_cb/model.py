@@ -419,7 +419,8 @@ def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
 
     arch, _ = load_model_cfg(str(model))
     stored = ckpt.get("model_cfg") or {}
-    if any(arch.get(k) != stored.get(k) for k in ("depth", "width", "depthwise", "act")):
+    shared = (set(arch) & set(stored)) - {"nc"}  # the whole record (nc is the dataset's); keys an older file lacks are skipped
+    if any(arch[k] != stored[k] for k in shared) or arch.get("family", "yolox") != stored.get("family", "yolox"):
         raise refuse
 
 

@@ -86,6 +86,11 @@ def import_object(path: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, REGISTRY)}") from error
+    except Exception as error:  # the module itself fails (SyntaxError, an error raised at import): the user's code, named
+        where = f" ({error.filename}, line {error.lineno})" if isinstance(error, SyntaxError) else ""
+        first = (str(error).splitlines() or [""])[0][:200]
+        raise ValueError(f"callback '{path}': importing module '{module_name}' raised {type(error).__name__}{where}: {first}; "
+                         f"fix that module") from error
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
