@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # what each lower layer may import from yolo_cb; everything above these is free to import downwards
 LAYERS = {
     "yolo_cb.utils": ("yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),
-    "yolo_cb.errors": (),
+    "yolo_cb.errors": ("yolo_cb.utils.yaml_safe",),  # the bounded YAML loader, which imports nothing of ours
     "yolo_cb.paths": (),
     "yolo_cb.callbacks.events": ("yolo_cb.utils",),
     "yolo_cb.callbacks.engine": ("yolo_cb.callbacks.events", "yolo_cb.utils"),
