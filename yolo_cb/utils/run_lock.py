@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from yolo_cb.errors import UserError
+from yolo_cb.utils.files import write_error
 
 LOCK_NAME = ".lock"  # in the run folder; kept after the run (removing it would race with a run taking it)
 
@@ -54,12 +55,19 @@ def lock_run_folder(folder: Path) -> RunLock:
     path = folder / LOCK_NAME
     import fcntl  # POSIX; yolo-cb's signals and DDP launch are POSIX too
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as error:
+        raise write_error(error, path, "the run folder's lock file") from error
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise _refuse(folder, path) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())  # the holder, for a refused run's message
+    except OSError as error:
+        os.close(fd)
+        raise write_error(error, path, "the run folder's lock file") from error
     return RunLock(folder, fd)
