@@ -217,18 +217,6 @@ def resolve_close_mosaic(sources: list[dict], default: int) -> int:
     return value
 
 
-def settings_to_resume(saved: dict, given: dict) -> dict:
-    """A checkpoint's settings under the user's: the pair close_mosaic / no_aug_epochs repaired in an older checkpoint (where
-    close_mosaic counted only when no_aug_epochs was 0), and the saved partner of an alias the user gives left out."""
-    saved = dict(saved)
-    if saved.get("close_mosaic") is not None and saved.get("no_aug_epochs") is not None and saved["close_mosaic"] != saved["no_aug_epochs"]:
-        saved["close_mosaic"] = saved["no_aug_epochs"] = saved["no_aug_epochs"] or saved["close_mosaic"]
-    for key, partner in (("close_mosaic", "no_aug_epochs"), ("no_aug_epochs", "close_mosaic")):
-        if key in given and partner not in given:
-            saved.pop(partner, None)
-    return saved
-
-
 def _coerce_classes(value: Any) -> list[int] | None:
     if value is None or value == "":
         return None

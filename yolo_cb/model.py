@@ -18,17 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.config import ConfigError, get_config, settings_to_resume
+from yolo_cb.config import ConfigError, get_config
 from yolo_cb.utils.log import setup_logging
 
 if TYPE_CHECKING:
     from yolo_cb.engine.val_metrics import DetectionMetrics
-
-# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
-RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
-                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
-
 
 class _DefaultModel(str):
     """The model YOLO() trains when none is named; a resume tells it apart from a model the user named."""
@@ -158,73 +152,57 @@ class YOLO:
         """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
         attributes). trainer= takes a subclass of yolo_cb.engine.trainer.Trainer to train with."""
         from yolo_cb.callbacks.assemble import build_trainer_callbacks
-        from yolo_cb.engine.trainer import Trainer
+        from yolo_cb.engine import resume
 
         kwargs = dict(kwargs)
-        trainer_class = kwargs.pop("trainer", None) or Trainer
-        if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
-            raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
-                              f"(the class itself, not an instance)")
-        named = kwargs.pop("model", None)  # train(model=...) names the model as YOLO(...) does
-        if named is not None and self.model_named and str(named) != self.source:
-            raise ConfigError(f"YOLO('{self.source}') already names the model, and train(model='{named}') names another: "
-                              f"give one (YOLO('{named}').train(...) or drop model= from train())")
-        source, model_named = (str(named), True) if named is not None else (self.source, self.model_named)
-        resume_ckpt, resume_path = None, None
-        if str(kwargs.get("resume")).lower() == "auto":
-            kwargs = resolve_auto_resume(kwargs, model=source if model_named else None)
-        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and kwargs.get("resume") in (None, False, "False", "false"):
-            from yolo_cb.utils.dist import rank
-            from yolo_cb.utils.log import LOGGER
-
-            if rank() in (-1, 0):
-                LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
-                               f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
-        if kwargs.get("resume") not in (None, False, "False", "false"):
-            args, resume_ckpt, resume_path = prepare_resume(kwargs, model=source if model_named else None)
-            from yolo_cb.engine.checkpoint import is_finished
-
-            if is_finished(resume_ckpt):
-                setup_logging(args.verbose)
-                return self._finished_run(args, resume_ckpt, resume_path, kwargs)
-        else:
-            args = get_config({**kwargs, **({"model": source} if source else {}), "mode": "train"})  # args.yaml records the model
-            from yolo_cb.weights import resolve_weights
-
-            resolved = resolve_weights(source, args.weights_dir)  # official weights by name: fetched here, once, before DDP workers
-            if resolved is not source:
-                source = args.model = str(resolved)
-            args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
-            if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
-                from yolo_cb.nn.model import load_model_cfg
-
-                load_model_cfg(source)  # a model= that is no model YAML fails here, before a run folder is made
+        trainer_class = _trainer_class(kwargs.pop("trainer", None))
+        source, model_named = self._train_source(kwargs.pop("model", None))
+        kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
+        if resuming is not None and resuming.finished:
+            setup_logging(resuming.args.verbose)
+            return self._finished_run(resuming, kwargs)
+        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source)
         setup_logging(args.verbose)
         from yolo_cb.engine.ddp import world_size_for
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
-            from yolo_cb.engine.ddp import launch_ddp
-
-            if trainer_class is not Trainer:
-                raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
-                                  f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
-            values = launch_ddp(args, self.callbacks, model=source if not resume_ckpt else None, resume=str(resume_path) if resume_path else None)
-            self.source = str(values.pop("_best_pt", self.source))
-            self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}
-            from yolo_cb.engine.val_metrics import DetectionMetrics
-
-            self.metrics = DetectionMetrics(values)
-            return self.metrics
-        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if not resume_ckpt else None)
-        if resume_ckpt is not None:
-            trainer.resume_ckpt = resume_ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
+            return self._train_ddp(args, trainer_class, source, resuming)
+        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if resuming is None else None)
+        if resuming is not None:
+            trainer.resume_ckpt = resuming.ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
         self.trainer = trainer
         self.metrics = final_metrics(trainer.train(), trainer.validator)
         best = trainer.wdir / "best.pt"
         if best.is_file():
             self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
-        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
+        self._keep_overrides(args)
         return self.metrics
+
+    def _train_source(self, named: Any) -> tuple[str | None, bool]:
+        """(the model to train, whether the user named it): train(model=...) names the model as YOLO(...) does."""
+        if named is not None and self.model_named and str(named) != self.source:
+            raise ConfigError(f"YOLO('{self.source}') already names the model, and train(model='{named}') names another: "
+                              f"give one (YOLO('{named}').train(...) or drop model= from train())")
+        return (str(named), True) if named is not None else (self.source, self.model_named)
+
+    def _train_ddp(self, args, trainer_class: type, source: Any, resuming) -> DetectionMetrics:
+        """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
+        from yolo_cb.engine.ddp import launch_ddp
+        from yolo_cb.engine.trainer import Trainer
+        from yolo_cb.engine.val_metrics import DetectionMetrics
+
+        if trainer_class is not Trainer:
+            raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
+                              f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
+        values = launch_ddp(args, self.callbacks, model=source if resuming is None else None,
+                            resume=str(resuming.path) if resuming is not None else None)
+        self.source = str(values.pop("_best_pt", self.source))
+        self._keep_overrides(args)
+        self.metrics = DetectionMetrics(values)
+        return self.metrics
+
+    def _keep_overrides(self, args) -> None:
+        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
 
     def tune(self, **kwargs) -> dict:
         """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
@@ -234,27 +212,14 @@ class YOLO:
 
         return tune(self, **kwargs)
 
-    def _finished_run(self, args, ckpt: dict, path: Path, overrides: dict) -> dict:
-        """resume= of a run that ended: nothing to train and nothing written; say how to train further."""
-        from yolo_cb.engine.checkpoint import ResumeError
-        from yolo_cb.utils.log import LOGGER
+    def _finished_run(self, resuming, overrides: dict) -> DetectionMetrics:
+        """resume= of a run that ended: nothing to train and nothing written (yolo_cb.engine.resume.finished_run says so)."""
+        from yolo_cb.engine.resume import finished_run
 
-        done, total = int(ckpt.get("epoch", -1)) + 1, int(ckpt.get("epochs") or 0)
-        how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
-        best = path.parent / "best.pt"
-        weights = best if best.is_file() else path
-        hint = f"start a new run from its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))"
-        if "epochs" in overrides and args.epochs > total:
-            raise ResumeError(f"{path} is from a finished run ({how}); resume cannot extend it to epochs={args.epochs} "
-                              f"(its optimizer state was dropped at the end). To train further, {hint}")
-        LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
-                    f"To train further (fine-tune), {hint}")
-        from yolo_cb.engine.val_metrics import DetectionMetrics
-
+        self.metrics, weights = finished_run(resuming, overrides)
         self.trainer = None
-        self.metrics = DetectionMetrics({k: float(v) for k, v in (ckpt.get("metrics") or {}).items()}, names=ckpt.get("names"))
         self.source = str(weights)
-        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}
+        self._keep_overrides(resuming.args)
         return self.metrics
 
     def val(self, **kwargs) -> DetectionMetrics:
@@ -320,113 +285,28 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
     return DetectionMetrics(values, names=getattr(validator, "names", None) or None)
 
 
-def find_last_checkpoint(project: str | None) -> Path:
-    from yolo_cb.utils.files import default_project
+def _trainer_class(trainer_class: Any) -> type:
+    from yolo_cb.engine.trainer import Trainer
 
-    root = Path(project) if project else default_project()
-    candidates = sorted(root.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
-    if not candidates:
-        raise FileNotFoundError(f"resume=True: no last.pt found under {root}/*/weights/; pass resume=path/to/last.pt")
-    return candidates[-1]
-
-
-def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> dict[str, Any]:
-    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
-    same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
-    so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
-    from yolo_cb.engine.checkpoint import is_finished
-    from yolo_cb.utils.dist import rank
-    from yolo_cb.utils.files import default_project
-    from yolo_cb.utils.log import LOGGER
-
-    settings = get_config({**overrides, "resume": False, "mode": "train"})
-    folder = (Path(settings.project) if settings.project else default_project(settings)) / (settings.name or "train")
-    last = folder / "weights" / "last.pt"
-    say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
-    if not last.is_file():
-        say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
-        return {**overrides, "resume": False, "exist_ok": True}
-    try:
-        _, ckpt, _ = prepare_resume({**overrides, "resume": str(last)}, model=model)
-    except ConfigError as error:
-        raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
-                          f"Use another name= for a new run, or the settings it was started with") from None
-    if not is_finished(ckpt):
-        say(f"resume=auto: continuing the run in {folder} from {last}")
-    return {**overrides, "resume": str(last)}
+    trainer_class = trainer_class or Trainer
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
+        raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
+                          f"(the class itself, not an instance)")
+    return trainer_class
 
 
-def prepare_resume(overrides: dict[str, Any], model: str | None = None):
-    """(args, checkpoint, path) for a resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
+def fresh_train_args(overrides: dict[str, Any], source: Any):
+    """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
+    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made."""
+    from yolo_cb.weights import resolve_weights
 
-    `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
-    dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
-    nothing will be trained (the caller says so)."""
-    from yolo_cb.engine.checkpoint import is_finished, load_checkpoint
-    from yolo_cb.engine.checkpoint_settings import resumable_settings
+    args = get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    resolved = resolve_weights(source, args.weights_dir)
+    if resolved is not source:
+        source = args.model = str(resolved)
+    args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
+    if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
+        from yolo_cb.nn.model import load_model_cfg
 
-    value = overrides["resume"]
-    path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
-    ckpt = load_checkpoint(path)
-    path = path.resolve()
-    given = {k: v for k, v in overrides.items() if k != "resume"}
-    finished = is_finished(ckpt)
-    saved = resumable_settings(dict(ckpt.get("train_args") or {}), given, path, trains=not finished)  # no code, no place to write
-    requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
-    requested.resume = str(path)
-    if finished:
-        return requested, ckpt, path
-    if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
-        requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)
-    changed = sorted(k for k in overrides if k not in RESUME_MUTABLE and k in saved and getattr(requested, k) != saved[k])
-    if changed:
-        raise ConfigError(f"cannot change {', '.join(f'{k}={overrides[k]!r} (was {saved[k]!r})' for k in changed)} when resuming {path}: "
-                          f"that would change what is being trained. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE - {'resume', 'mode'}))}")
-    if requested.epochs < int(ckpt.get("epochs", requested.epochs)):
-        raise ConfigError(f"epochs={requested.epochs} is smaller than the checkpoint's {ckpt.get('epochs')}; only a larger epochs may be given on resume")
-    check_resume_model(model, ckpt, path)
-    check_resume_data(requested, ckpt, path)
-    requested.exist_ok = True
-    return requested, ckpt, path
-
-
-def _same_data_yaml(a: Any, b: Any) -> bool:
-    from yolo_cb.paths import find_dataset_cfg
-
-    try:
-        return find_dataset_cfg(str(a)).resolve() == find_dataset_cfg(str(b)).resolve()
-    except (FileNotFoundError, OSError):
-        return False
-
-
-def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
-    """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
-    weights the run started from are fine; anything else would be silently ignored, so it is an error."""
-    from yolo_cb.engine.checkpoint import ResumeError
-
-    if model is None:
-        return
-    recorded = (ckpt.get("train_args") or {}).get("model")
-    was = recorded or f"the architecture {ckpt.get('model_cfg')}"
-    refuse = ResumeError(f"cannot change model={model} (was {was}) when resuming {path}: resume continues the checkpoint's own "
-                         f"model and weights. Resume without model=, or start a new run: yolo-cb train model={model} data=...")
-    if str(model).endswith(".pt"):
-        own = {path} | ({Path(str(recorded)).expanduser().resolve()} if recorded and str(recorded).endswith(".pt") else set())
-        if Path(str(model)).expanduser().resolve() not in own:
-            raise refuse
-        return
-    from yolo_cb.nn.model import load_model_cfg
-
-    arch, _ = load_model_cfg(str(model))
-    stored = ckpt.get("model_cfg") or {}
-    shared = (set(arch) & set(stored)) - {"nc"}  # the whole record (nc is the dataset's); keys an older file lacks are skipped
-    if any(arch[k] != stored[k] for k in shared) or arch.get("family", "yolox") != stored.get("family", "yolox"):
-        raise refuse
-
-
-def check_resume_data(args, ckpt: dict, path: Path) -> None:
-    """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
-    from yolo_cb.data.resolve import check_data
-    from yolo_cb.engine.checkpoint import check_same_dataset, dataset_fingerprint
-
-    check_same_dataset(ckpt, dataset_fingerprint(check_data(args.data or "shapes.yaml", args.datasets_dir)), path)
+        load_model_cfg(source)
+    return args, source

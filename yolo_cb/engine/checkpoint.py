@@ -20,16 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_cb.errors import CheckpointError, ConfigError, os_reason
+from yolo_cb.errors import CheckpointError, os_reason
 from yolo_cb.utils.files import atomic_write_bytes
 
 
 class UnsafeCheckpointError(RuntimeError):
     """The file holds pickled objects beyond tensors and primitives; it was not loaded."""
-
-
-class ResumeError(ConfigError):
-    """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
 
 
 CHECKSUM_KEY = "tensors_crc32"  # CRC-32 of every tensor's bytes, in key order: a flipped or torn record fails the load
@@ -185,11 +181,6 @@ def strip_optimizer(path: Path, finished: bool = False) -> None:
     save_checkpoint(ckpt, path)
 
 
-def is_finished(ckpt: dict[str, Any]) -> bool:
-    """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
-    return bool(ckpt["finished"]) if "finished" in ckpt else ckpt.get("optimizer") is None
-
-
 def checkpoint_epoch(path: str | Path) -> int | None:
     """The epoch a checkpoint file holds; None if it is missing or unreadable (read memory-mapped, weights_only)."""
     try:
@@ -197,40 +188,3 @@ def checkpoint_epoch(path: str | Path) -> int | None:
         return int(ckpt["epoch"])
     except Exception:
         return None
-
-
-def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names."""
-    from yolo_cb.data.verify import list_image_files
-
-    def count(split) -> int:
-        try:
-            return len(list_image_files(split)) if split else 0
-        except FileNotFoundError:
-            return 0
-
-    names = data.get("names") or {}
-    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")), "val_images": count(data.get("val")),
-            "names": [str(names[k]) for k in sorted(names)]}
-
-
-def describe_dataset(fingerprint: dict[str, Any]) -> str:
-    names = fingerprint.get("names") or []
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
-    return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
-
-
-def check_same_dataset(ckpt: dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
-    """Refuse (ResumeError) to resume `ckpt` on a dataset other than the one it was trained on, naming both."""
-    old = ckpt.get("data_fingerprint")
-    if old is None:  # an older checkpoint: only its class names are known
-        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.get("names") or {}).items())]
-        if old_names and old_names != fingerprint["names"]:
-            raise ResumeError(f"cannot resume {path}: it was trained on the classes {old_names}, but the dataset is now "
-                              f"{describe_dataset(fingerprint)}. Resume needs the dataset the run was trained on.")
-        return
-    keys = ("train_images", "val_images", "names")
-    if any(old.get(k) != fingerprint.get(k) for k in keys):
-        raise ResumeError(f"cannot resume {path}: the dataset changed. The run was trained on {describe_dataset(old)}; "
-                          f"now it is {describe_dataset(fingerprint)}. Resume needs the same dataset; to train on another one, "
-                          f"start a new run from the weights (model={path} data=...).")

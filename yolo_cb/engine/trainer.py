@@ -24,17 +24,8 @@ import torch
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config, save_config
 from yolo_cb.data.loader import close_loaders
-from yolo_cb.engine.checkpoint import (
-    check_same_dataset,
-    checkpoint_epoch,
-    dataset_fingerprint,
-    load_checkpoint,
-    load_weights_strictly,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-    strip_optimizer,
-)
+from yolo_cb.engine import resume, resume_state
+from yolo_cb.engine.checkpoint import load_checkpoint, rng_states, save_checkpoint, strip_optimizer
 from yolo_cb.engine.ema import ModelEMA, unwrap
 from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers
 from yolo_cb.engine.monitor import Monitor
@@ -42,7 +33,7 @@ from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
 from yolo_cb.engine.stop import StopCause
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.files import default_project, run_dir
+from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV, restore_process_state, save_process_state
 from yolo_cb.utils.run_lock import RunFolderInUse, RunLock, lock_run_folder
@@ -115,8 +106,7 @@ class Trainer:
         self.batches_done = 0  # batches of the current epoch trained so far (a mid-epoch checkpoint's position)
         self.optimizer_steps = 0  # optimizer steps since the run began (save_steps counts these)
         self.save_step_due = False  # set after the batch whose optimizer step is a multiple of save_steps: the checkpoint callback writes last.pt
-        self._skip_batches = 0  # on a mid-epoch resume: batches of the first epoch already trained
-        self._resume_tloss = self._resume_grads = None  # on a mid-epoch resume: that epoch's mean losses and accumulated gradients
+        self._mid_epoch: resume_state.MidEpoch | None = None  # on a mid-epoch resume: where the first epoch continues
         self._rank_rng: list | None = None  # under DDP: every rank's RNG states, gathered on rank 0 just before a checkpoint
         self._signal_agreed = False  # every rank knows of the signal and stopped at the same batch: a save there is exact
         self._loop_done = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
@@ -248,7 +238,7 @@ class Trainer:
         self._setup_distributed()
         if self.world_size == 1:
             self.device = select_device(args.device)
-        self._agree_on_resume()
+        resume_state.agree_on_checkpoint(self)  # under DDP: every rank on rank 0's checkpoint
         self._make_save_dir()
         self.run_callbacks("on_pretrain_routine_start")
         self._seed(args.seed + max(self.rank, 0), args.deterministic)
@@ -264,7 +254,7 @@ class Trainer:
         self._build_optimizer()
         self.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
-            self._load_resume_state(self.resume_ckpt)
+            resume_state.load_state(self, self.resume_ckpt)
         self._wrap_distributed()
         from yolo_cb.engine.validator import Validator
 
@@ -296,21 +286,6 @@ class Trainer:
         if self.rank > 0:
             LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
 
-    def _agree_on_resume(self) -> None:
-        """Under DDP every rank must continue from the same checkpoint: rank 0's (the one that writes them). A rank whose own
-        copy differs or is missing (a per-node disk, a stale copy) receives rank 0's over the process group."""
-        if self.world_size <= 1:
-            return
-        mine = resume_position(self.resume_ckpt)
-        rank0 = distributed.broadcast_object(mine)
-        if not distributed.any_rank(mine != rank0, self._flag_device):
-            return
-        received = distributed.broadcast_object(self.resume_ckpt if self.rank == 0 else None)
-        if mine != rank0:
-            LOGGER.warning(f"WARNING rank {self.rank}: its own checkpoint ({mine or 'none'}) is not rank 0's ({rank0 or 'none: a fresh run'}); "
-                           f"using rank 0's, received over the process group")
-            self.resume_ckpt = received
-
     def _teardown_distributed(self, clean_exit: bool) -> None:
         """Leave DDP so that no rank exits while another still talks to it, and destroy the group exactly once.
 
@@ -339,7 +314,7 @@ class Trainer:
         folder, refusal = self.save_dir, None
         if self.is_main:
             try:
-                folder = folder or (self._resume_dir() if self.resume_ckpt is not None else run_dir(self.args, "train"))
+                folder = folder or (resume.run_folder(self.args, self.resume_ckpt) if self.resume_ckpt is not None else run_dir(self.args, "train"))
                 self._run_lock = lock_run_folder(folder)  # one run per folder: a second one is refused before writing
             except RunFolderInUse as error:
                 refusal = str(error)
@@ -353,7 +328,7 @@ class Trainer:
             remove_stale_temp_files(self.save_dir, self.wdir)
             save_config(self.args, self.save_dir / "args.yaml")
             if self.resume_ckpt is not None:
-                self._restore_best()
+                resume_state.restore_best(self.resume_ckpt, self.args.resume, self.wdir / "best.pt")
 
     def _record_data_path(self) -> None:
         """Record the data YAML as an absolute path (args.yaml, checkpoints): a resume from any folder finds the same one."""
@@ -363,48 +338,6 @@ class Trainer:
             self.args.data = str(find_dataset_cfg(str(self.args.data or "shapes.yaml")).resolve())
         except (FileNotFoundError, OSError):
             pass  # check_data reports it, with every place it looked
-
-    def _resume_dir(self) -> Path:
-        """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
-        other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
-        checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
-        path = Path(str(self.args.resume)).expanduser().resolve()
-        recorded, own = self.resume_ckpt.get("save_dir"), path.parent.parent
-        at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
-        named = (Path(self.args.project) if self.args.project else default_project(self.args)) / (self.args.name or own.name)
-        if at_home and (not (self.args.project or self.args.name) or named.resolve() == own):
-            return own
-        from yolo_cb.config import Config
-
-        folder = run_dir(Config(**{**self.args.as_dict(), "exist_ok": False}), "train")
-        why = (f"project=/name= name another folder than its own, {own}" if at_home else
-               f"{path} does not lie in the weights/ of its run folder {recorded}" if recorded else
-               f"{path} records no run folder (written by an older yolo-cb)")
-        LOGGER.warning(f"WARNING resuming into a new run folder {folder}: {why}; nothing is written next to {path}")
-        return folder
-
-    def _restore_best(self) -> None:
-        """Make best.pt hold the epoch the checkpoint says: a kill between the last.pt and best.pt writes leaves it missing or
-        one improvement behind, and best.pt would otherwise only come back after a strictly better epoch."""
-        ckpt, best = self.resume_ckpt, self.wdir / "best.pt"
-        want = ckpt.get("best_epoch")
-        if want is None:
-            return  # an older checkpoint: it does not say which epoch best.pt holds
-        have = checkpoint_epoch(best)
-        if have == want:
-            return
-        resumed = Path(str(self.args.resume)).expanduser()
-        source = resumed if ckpt.get("last_is_best") else None
-        if source is None:  # a moved or copied run: the right best.pt may lie next to the checkpoint or in the recorded run folder
-            places = [resumed.parent / "best.pt"] + ([Path(ckpt["save_dir"]) / "weights" / "best.pt"] if ckpt.get("save_dir") else [])
-            source = next((p for p in places if p.resolve() != best.resolve() and checkpoint_epoch(p) == want), None)
-        state = "missing" if have is None else f"of epoch {have + 1}"
-        if source is not None:
-            save_checkpoint(source.read_bytes(), best)
-            LOGGER.info(f"restored {best} (epoch {want + 1}) from {source}: it was {state}")
-        else:
-            LOGGER.warning(f"WARNING {best} should hold epoch {want + 1} but is {state}, and no copy of that epoch is left; "
-                           f"it is written again when fitness improves")
 
     def _seed(self, seed: int, deterministic: bool) -> None:
         random.seed(seed)
@@ -521,11 +454,8 @@ class Trainer:
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
-        skip, self._skip_batches, self.tloss = self._skip_batches, 0, None
-        if skip:  # a mid-epoch resume: the batches already trained are skipped (their indices drawn, nothing loaded)
-            self.train_loader.skip_next(skip)
-            self.tloss, self._resume_tloss = self._resume_tloss, None
-            self._restore_grads()
+        self.tloss = None
+        skip = resume_state.continue_epoch(self)  # a mid-epoch resume: the batches already trained are skipped
         self.batches_done = skip
         for batch_i, batch in enumerate(self.train_loader, start=skip):
             self.batch_i, self.batch = batch_i, batch
@@ -678,7 +608,7 @@ class Trainer:
             "world_size": self.world_size,
             "optimizer_steps": self.optimizer_steps,
             "tloss": self.tloss.tolist() if batches_done and self.tloss is not None else None,
-            "grads": self._partial_grads() if batches_done else None,
+            "grads": resume_state.partial_grads(self.model) if batches_done else None,
             "use_l1": bool(getattr(self.criterion, "use_l1", False)),
             "metrics": {k: float(v) for k, v in self.metrics.items()},
             "metrics_epoch": self.metrics_epoch,
@@ -690,7 +620,7 @@ class Trainer:
     def data_fingerprint(self) -> dict | None:
         """The dataset's identity stored in checkpoints (data YAML, image counts, names); resume refuses another one."""
         if self._data_fingerprint is None and self.data:
-            self._data_fingerprint = dataset_fingerprint(self.data)
+            self._data_fingerprint = resume.dataset_fingerprint(self.data)
         return self._data_fingerprint
 
     def _save_on_error(self) -> None:
@@ -734,87 +664,10 @@ class Trainer:
             self.metrics, self.metrics_epoch = dict(self.validator(model=model)), self.best_epoch  # best.pt's epoch
             self.validator.plot = False
 
-    # --- resume ---------------------------------------------------------------------------
-    def _load_resume_state(self, ckpt: dict) -> None:
-        model = unwrap(self.model)
-        load_weights_strictly(model, ckpt["model"], f"checkpoint '{self.args.resume}'")
-        if ckpt.get("optimizer"):
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        else:
-            LOGGER.warning("WARNING the checkpoint has no optimizer state (a finished run); the optimizer starts fresh")
-        if self.ema is not None and ckpt.get("ema"):
-            self.ema.ema.load_state_dict(ckpt["ema"])
-            self.ema.updates = int(ckpt.get("ema_updates", 0))
-        if ckpt.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(ckpt["scaler"])
-        self.start_epoch = int(ckpt["epoch"]) + 1
-        self.completed_epoch = self.start_epoch - 1
-        self.best_fitness = ckpt.get("best_fitness")
-        self.best_epoch = ckpt.get("best_epoch")
-        self.fitness = ckpt.get("fitness")
-        self.metrics = dict(ckpt.get("metrics") or {})
-        self.metrics_epoch, self.monitor_value = ckpt.get("metrics_epoch"), ckpt.get("monitor_value")
-        if hasattr(self.criterion, "use_l1"):
-            self.criterion.use_l1 = bool(ckpt.get("use_l1", False))
-        self.last_opt_step = int(ckpt.get("last_opt_step", self.start_epoch * self.num_batches - 1))
-        self.callbacks.load_state_dict(ckpt.get("callbacks") or {})
-        self._restore_rng(ckpt)
-        self.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
-        self._skip_batches = self._resume_batches(ckpt)
-        self.epoch, self.batches_done = min(self.start_epoch, self.epochs - 1), self._skip_batches  # where a save before the loop resumes
-        if self._skip_batches:
-            self._stepped = True
-            self._resume_tloss = torch.tensor(ckpt["tloss"]) if ckpt.get("tloss") is not None else None
-            self._resume_grads = ckpt.get("grads")
-        check_same_dataset(ckpt, self.data_fingerprint(), self.args.resume)
-        if self.start_epoch >= self.epochs:  # killed after the last epoch was saved, before the run ended
-            LOGGER.info(f"all {self.epochs} epochs are trained; finishing the run (final validation of best.pt)")
-        elif self._skip_batches:
-            LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}, after batch {self._skip_batches} of {self.num_batches}")
-        else:
-            LOGGER.info(f"resuming from epoch {self.start_epoch + 1} of {self.epochs}")
-
-    def _resume_batches(self, ckpt: dict) -> int:
-        """Batches of the resumed epoch already trained. Saved with another number of ranks or batch size, the epoch
-        continues after about as many images (the shards differ, so not exactly the same images)."""
-        done = int(ckpt.get("epoch_batches") or 0)
-        old_world, old_batch = int(ckpt.get("world_size") or 1), int((ckpt.get("train_args") or {}).get("batch") or self.args.batch)
-        if not done or (old_world, old_batch) == (self.world_size, self.args.batch):
-            return done
-        images = done * old_batch * old_world
-        batches = min(self.num_batches, images // (self.args.batch * self.world_size))
-        LOGGER.warning(f"WARNING the checkpoint is from {old_world} rank(s) with batch={old_batch}, {done} batches into its epoch ({images} "
-                       f"images); now {self.world_size} rank(s) with batch={self.args.batch}: that epoch continues after batch {batches}")
-        return batches
-
-    def _restore_rng(self, ckpt: dict) -> None:
-        """Single process: the checkpoint's RNG states. DDP: each rank its own (rank 0 gathered them); with another number of
-        ranks than saved, the ranks keep their fresh seeds (seed + rank): the run continues, not bit-exactly."""
-        per_rank = ckpt.get("rank_rng")
-        if self.world_size == 1 and ckpt.get("rng"):
-            set_rng_states(ckpt["rng"])
-        elif per_rank and len(per_rank) == self.world_size:
-            set_rng_states(per_rank[self.rank])
-        elif self.world_size > 1:
-            saved = f"saved with {len(per_rank)} ranks" if per_rank else "saved without per-rank RNG states"
-            LOGGER.warning(f"WARNING the checkpoint was {saved}; now {self.world_size}: each rank re-seeds (seed + rank), "
-                           f"so the resumed run continues but does not repeat the uninterrupted one exactly")
-
     def _gather_rank_rng(self) -> None:
         """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""
         if self.world_size > 1:
             self._rank_rng = distributed.gather_object(rng_states())
-
-    def _partial_grads(self) -> dict | None:
-        """Gradients accumulated towards the next optimizer step (None when there are none, as right after a step)."""
-        grads = {name: p.grad.detach().clone() for name, p in unwrap(self.model).named_parameters() if p.grad is not None}
-        return grads or None
-
-    def _restore_grads(self) -> None:
-        grads, self._resume_grads = self._resume_grads, None
-        for name, p in unwrap(self.model).named_parameters():
-            if grads and name in grads:
-                p.grad = grads[name].to(p.device)
 
     # --- signals and summaries ------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -867,13 +720,6 @@ def refuse_unread_loss_settings(args: Config, criterion) -> None:
             raise ConfigError(f"invalid value for '{key}': {getattr(args, key)!r}; it sets the YOLOX loss, and this model trains with "
                               f"{type(criterion).__name__} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a "
                               f"yolox-* model")
-
-
-def resume_position(ckpt: dict | None) -> str | None:
-    """Where a checkpoint resumes ("epoch 3, batch 40, step 1234"), to compare ranks' checkpoints; None for a fresh run."""
-    if ckpt is None:
-        return None
-    return f"epoch {int(ckpt['epoch']) + 2}, batch {int(ckpt.get('epoch_batches') or 0)}, step {int(ckpt.get('optimizer_steps', 0))}, {ckpt.get('date')}"
 
 
 def remove_stale_temp_files(*folders: Path) -> None:

@@ -69,7 +69,7 @@ def requeue_interrupted(study) -> None:
 def continue_trial(model, trial, last: Path, settings: dict) -> dict:
     """Train a retry on from the interrupted trial's last.pt (in that trial's folder); its metrics. `settings`: the tune's
     fixed ones, of which those a training resume may change are passed (device, workers, callbacks, ...)."""
-    from yolo_cb.model import RESUME_MUTABLE
+    from yolo_cb.engine.resume import RESUME_MUTABLE
 
     LOGGER.info(f"tune: trial {trial.number} continues trial {trial.user_attrs['retry_of']} from {last}")
     carry_over_reports(trial.study, trial, last)
@@ -101,7 +101,8 @@ def carry_over_reports(study, trial, last: Path) -> None:
 def finished_metrics(last: Path) -> dict | None:
     """For a last.pt whose run had ended (killed in its final validation): best.pt's saved metrics (last.pt's without one),
     what that final validation reports; None when the run has epochs left to train."""
-    from yolo_cb.engine.checkpoint import is_finished, load_checkpoint
+    from yolo_cb.engine.checkpoint import load_checkpoint
+    from yolo_cb.engine.resume import is_finished
 
     ckpt = load_checkpoint(last)
     if not is_finished(ckpt):

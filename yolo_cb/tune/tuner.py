@@ -152,7 +152,7 @@ class Tuner:
     def _iterations_per_trial(self) -> int:
         """Iterations of one trial as optimizer=auto counts them (the dataset is checked on the way)."""
         from yolo_cb.data.resolve import check_data
-        from yolo_cb.engine.checkpoint import dataset_fingerprint
+        from yolo_cb.engine.resume import dataset_fingerprint
 
         data = check_data(self.args.data or "shapes.yaml", self.args.datasets_dir)
         images = max(1, round(dataset_fingerprint(data)["train_images"] * self.args.fraction))

@@ -1,0 +1,304 @@
+"""Resume, decided before training starts: which checkpoint, which of its settings, which run folder, and every refusal.
+
+A file yolo-cb did not write names no code and no place to write. A checkpoint loads with ``torch.load(weights_only=True)``,
+so unpickling runs nothing; but its ``train_args`` are plain strings that other code would import (``callbacks``, an
+``lr_scheduler`` naming ``module:function``, a ``cfg=`` file that may declare either) or write to (``project``, ``name``,
+``datasets_dir``, ...). Those come only from the user's own command, YAML or call. On resume, a code-naming setting the
+checkpoint records must be given again (the same, or empty to resume without it): otherwise the resume is refused with one
+line, since dropping it silently would change the run. Places are never taken from the checkpoint: the user's value, else
+today's default layout.
+
+What the trainer restores from the checkpoint once the run is built is yolo_cb.engine.resume_state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from yolo_cb.config import Config, get_config
+from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.utils.dist import rank
+from yolo_cb.utils.files import default_project, run_dir
+from yolo_cb.utils.log import LOGGER
+
+# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
+RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
+                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
+                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
+# Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
+CODE_SETTINGS = ("callbacks", "lr_scheduler")
+# Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
+# which may declare code) and places to write (or a server to write to): the user's value, else the default.
+PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
+
+
+class ResumeError(ConfigError):
+    """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
+
+
+class ResumePlan(NamedTuple):
+    """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and whether its run ended."""
+
+    args: Config
+    ckpt: dict
+    path: Path
+    finished: bool
+
+
+def is_finished(ckpt: dict[str, Any]) -> bool:
+    """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
+    return bool(ckpt["finished"]) if "finished" in ckpt else ckpt.get("optimizer") is None
+
+
+def _not_set(value: Any) -> bool:
+    return value in (None, False, "False", "false")
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------------
+def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], ResumePlan | None]:
+    """(the overrides to train with, the resume; None: a fresh run) for train(**overrides). `model` is a model the user
+    named (None: not named). resume=auto picks the run folder's last.pt or a fresh run there; a torchrun restart without
+    resume= is warned about, since it starts over."""
+    if str(overrides.get("resume")).lower() == "auto":
+        overrides = resolve_auto_resume(overrides, model=model)
+    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and _not_set(overrides.get("resume")) and rank() in (-1, 0):
+        LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
+                       f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
+    if _not_set(overrides.get("resume")):
+        return overrides, None
+    args, ckpt, path = prepare_resume(overrides, model=model)
+    return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt))
+
+
+def find_last_checkpoint(project: str | None) -> Path:
+    root = Path(project) if project else default_project()
+    candidates = sorted(root.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise FileNotFoundError(f"resume=True: no last.pt found under {root}/*/weights/; pass resume=path/to/last.pt")
+    return candidates[-1]
+
+
+def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
+    same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
+    so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
+    settings = get_config({**overrides, "resume": False, "mode": "train"})
+    folder = (Path(settings.project) if settings.project else default_project(settings)) / (settings.name or "train")
+    last = folder / "weights" / "last.pt"
+    say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
+    if not last.is_file():
+        say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
+        return {**overrides, "resume": False, "exist_ok": True}
+    try:
+        _, ckpt, _ = prepare_resume({**overrides, "resume": str(last)}, model=model)
+    except ConfigError as error:
+        raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
+                          f"Use another name= for a new run, or the settings it was started with") from None
+    if not is_finished(ckpt):
+        say(f"resume=auto: continuing the run in {folder} from {last}")
+    return {**overrides, "resume": str(last)}
+
+
+def prepare_resume(overrides: dict[str, Any], model: str | None = None):
+    """(args, checkpoint, path) for a resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
+
+    `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
+    dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
+    nothing will be trained (the caller says so)."""
+    value = overrides["resume"]
+    path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
+    ckpt = load_checkpoint(path)
+    path = path.resolve()
+    given = {k: v for k, v in overrides.items() if k != "resume"}
+    finished = is_finished(ckpt)
+    saved = resumable_settings(dict(ckpt.get("train_args") or {}), given, path, trains=not finished)  # no code, no place to write
+    requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
+    requested.resume = str(path)
+    if finished:
+        return requested, ckpt, path
+    if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
+        requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)
+    changed = sorted(k for k in overrides if k not in RESUME_MUTABLE and k in saved and getattr(requested, k) != saved[k])
+    if changed:
+        raise ConfigError(f"cannot change {', '.join(f'{k}={overrides[k]!r} (was {saved[k]!r})' for k in changed)} when resuming {path}: "
+                          f"that would change what is being trained. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE - {'resume', 'mode'}))}")
+    if requested.epochs < int(ckpt.get("epochs", requested.epochs)):
+        raise ConfigError(f"epochs={requested.epochs} is smaller than the checkpoint's {ckpt.get('epochs')}; only a larger epochs may be given on resume")
+    check_resume_model(model, ckpt, path)
+    check_resume_data(requested, ckpt, path)
+    requested.exist_ok = True
+    return requested, ckpt, path
+
+
+def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
+    """resume= of a run that ended: nothing to train and nothing written; says how to train further. Returns (its saved
+    metrics, the weights to use from now on: best.pt, else the checkpoint); ResumeError when epochs= asks for more."""
+    from yolo_cb.engine.val_metrics import DetectionMetrics
+
+    args, ckpt, path = resumed.args, resumed.ckpt, resumed.path
+    done, total = int(ckpt.get("epoch", -1)) + 1, int(ckpt.get("epochs") or 0)
+    how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
+    best = path.parent / "best.pt"
+    weights = best if best.is_file() else path
+    hint = f"start a new run from its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))"
+    if "epochs" in overrides and args.epochs > total:
+        raise ResumeError(f"{path} is from a finished run ({how}); resume cannot extend it to epochs={args.epochs} "
+                          f"(its optimizer state was dropped at the end). To train further, {hint}")
+    LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
+                f"To train further (fine-tune), {hint}")
+    return DetectionMetrics({k: float(v) for k, v in (ckpt.get("metrics") or {}).items()}, names=ckpt.get("names")), weights
+
+
+# --- which settings ---------------------------------------------------------------------------------------------------
+def settings_to_resume(saved: dict, given: dict) -> dict:
+    """A checkpoint's settings under the user's: the pair close_mosaic / no_aug_epochs repaired in an older checkpoint (where
+    close_mosaic counted only when no_aug_epochs was 0), and the saved partner of an alias the user gives left out."""
+    saved = dict(saved)
+    if saved.get("close_mosaic") is not None and saved.get("no_aug_epochs") is not None and saved["close_mosaic"] != saved["no_aug_epochs"]:
+        saved["close_mosaic"] = saved["no_aug_epochs"] = saved["no_aug_epochs"] or saved["close_mosaic"]
+    for key, partner in (("close_mosaic", "no_aug_epochs"), ("no_aug_epochs", "close_mosaic")):
+        if key in given and partner not in given:
+            saved.pop(partner, None)
+    return saved
+
+
+def _names_code(key: str, value: Any) -> bool:
+    if value in (None, "", [], {}, (), False):
+        return False
+    if key == "lr_scheduler":
+        from yolo_cb.callbacks.lr_schedule import names_code
+
+        return names_code(value)
+    return True
+
+
+def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
+    from yolo_cb.callbacks.lr_schedule import parse_lr_scheduler
+
+    try:
+        return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
+    except ValueError:
+        return False
+
+
+def resumable_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path | str, trains: bool = True) -> dict[str, Any]:
+    """The checkpoint's settings a resume may use, under the user's `given` ones: no place, no code.
+
+    When the resume `trains` (the run is not finished), raises ConfigError (one line, the value shortened) for code the
+    checkpoint records and the user did not give again, or an lr_scheduler naming code the user gives differently."""
+    saved = {k: v for k, v in train_args.items() if k not in PLACE_SETTINGS}
+    for key in CODE_SETTINGS:
+        recorded = saved.pop(key, None)
+        if not _names_code(key, recorded):
+            if recorded is not None:
+                saved[key] = recorded  # a built-in schedule: plain data, part of what is trained
+            continue
+        if not trains:
+            continue  # a finished run: nothing will run, so nothing is missing
+        if key not in given:
+            raise ConfigError(f"cannot resume {path}: it records {key}={short_repr(recorded)}, and yolo-cb never takes code "
+                              f"from a checkpoint; give {key}= again (the same value to keep it, or an empty "
+                              f"{key}= to resume without it)")
+        if key == "lr_scheduler" and not _same_lr_scheduler(given[key], recorded):
+            raise ConfigError(f"cannot change lr_scheduler={short_repr(given[key])} (was {short_repr(recorded)}) when resuming {path}: "
+                              f"the schedule decides what is trained; give the same lr_scheduler= again")
+    return saved
+
+
+# --- refusals: the same model, the same dataset -----------------------------------------------------------------------
+def _same_data_yaml(a: Any, b: Any) -> bool:
+    from yolo_cb.paths import find_dataset_cfg
+
+    try:
+        return find_dataset_cfg(str(a)).resolve() == find_dataset_cfg(str(b)).resolve()
+    except (FileNotFoundError, OSError):
+        return False
+
+
+def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
+    """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
+    weights the run started from are fine; anything else would be silently ignored, so it is an error."""
+    if model is None:
+        return
+    recorded = (ckpt.get("train_args") or {}).get("model")
+    was = recorded or f"the architecture {ckpt.get('model_cfg')}"
+    refuse = ResumeError(f"cannot change model={model} (was {was}) when resuming {path}: resume continues the checkpoint's own "
+                         f"model and weights. Resume without model=, or start a new run: yolo-cb train model={model} data=...")
+    if str(model).endswith(".pt"):
+        own = {path} | ({Path(str(recorded)).expanduser().resolve()} if recorded and str(recorded).endswith(".pt") else set())
+        if Path(str(model)).expanduser().resolve() not in own:
+            raise refuse
+        return
+    from yolo_cb.nn.model import load_model_cfg
+
+    arch, _ = load_model_cfg(str(model))
+    stored = ckpt.get("model_cfg") or {}
+    shared = (set(arch) & set(stored)) - {"nc"}  # the whole record (nc is the dataset's); keys an older file lacks are skipped
+    if any(arch[k] != stored[k] for k in shared) or arch.get("family", "yolox") != stored.get("family", "yolox"):
+        raise refuse
+
+
+def check_resume_data(args, ckpt: dict, path: Path) -> None:
+    """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
+    from yolo_cb.data.resolve import check_data
+
+    check_same_dataset(ckpt, dataset_fingerprint(check_data(args.data or "shapes.yaml", args.datasets_dir)), path)
+
+
+def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names."""
+    from yolo_cb.data.verify import list_image_files
+
+    def count(split) -> int:
+        try:
+            return len(list_image_files(split)) if split else 0
+        except FileNotFoundError:
+            return 0
+
+    names = data.get("names") or {}
+    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")), "val_images": count(data.get("val")),
+            "names": [str(names[k]) for k in sorted(names)]}
+
+
+def describe_dataset(fingerprint: dict[str, Any]) -> str:
+    names = fingerprint.get("names") or []
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
+
+
+def check_same_dataset(ckpt: dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
+    """Refuse (ResumeError) to resume `ckpt` on a dataset other than the one it was trained on, naming both."""
+    old = ckpt.get("data_fingerprint")
+    if old is None:  # an older checkpoint: only its class names are known
+        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.get("names") or {}).items())]
+        if old_names and old_names != fingerprint["names"]:
+            raise ResumeError(f"cannot resume {path}: it was trained on the classes {old_names}, but the dataset is now "
+                              f"{describe_dataset(fingerprint)}. Resume needs the dataset the run was trained on.")
+        return
+    keys = ("train_images", "val_images", "names")
+    if any(old.get(k) != fingerprint.get(k) for k in keys):
+        raise ResumeError(f"cannot resume {path}: the dataset changed. The run was trained on {describe_dataset(old)}; "
+                          f"now it is {describe_dataset(fingerprint)}. Resume needs the same dataset; to train on another one, "
+                          f"start a new run from the weights (model={path} data=...).")
+
+
+# --- which folder -----------------------------------------------------------------------------------------------------
+def run_folder(args: Config, ckpt: dict) -> Path:
+    """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
+    other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
+    checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
+    path = Path(str(args.resume)).expanduser().resolve()
+    recorded, own = ckpt.get("save_dir"), path.parent.parent
+    at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
+    named = (Path(args.project) if args.project else default_project(args)) / (args.name or own.name)
+    if at_home and (not (args.project or args.name) or named.resolve() == own):
+        return own
+    folder = run_dir(Config(**{**args.as_dict(), "exist_ok": False}), "train")
+    why = (f"project=/name= name another folder than its own, {own}" if at_home else
+           f"{path} does not lie in the weights/ of its run folder {recorded}" if recorded else
+           f"{path} records no run folder (written by an older yolo-cb)")
+    LOGGER.warning(f"WARNING resuming into a new run folder {folder}: {why}; nothing is written next to {path}")
+    return folder
