@@ -106,7 +106,7 @@ def run(argv: list[str]) -> object:
         print(HELP)
         return None
     if mode == "version":
-        from yolo_cb import __version__
+        from yolo_cb.version import __version__
 
         print(__version__)
         return None

@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING, Any
 from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import ConfigError, get_config, settings_to_resume
+from yolo_cb.engine.checkpoint_settings import RESUME_MUTABLE
 from yolo_cb.utils.log import setup_logging
 
 if TYPE_CHECKING:
     from yolo_cb.engine.val_metrics import DetectionMetrics
-
-# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
-RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
-                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
 
 
 class _DefaultModel(str):

@@ -13,27 +13,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.errors import ConfigError, short_repr
 
+# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
+RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
+                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
+                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
 # which may declare code) and places to write (or a server to write to): the user's value, else the default.
 PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
 
+
 def _names_code(key: str, value: Any) -> bool:
     if value in (None, "", [], {}, (), False):
         return False
     if key == "lr_scheduler":
-        from yolo_cb.callbacks.lr_schedule import names_code
-
         return names_code(value)
     return True
 
 
 def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
-    from yolo_cb.callbacks.lr_schedule import parse_lr_scheduler
-
     try:
         return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
     except ValueError:

@@ -40,7 +40,7 @@ EXPORT_DEFAULTS = {"mode": "export", "batch": 1}  # an export is for batch 1 unl
 
 
 def _version() -> str:
-    from yolo_cb import __version__
+    from yolo_cb.version import __version__
 
     return str(__version__)
 

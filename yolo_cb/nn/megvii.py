@@ -135,7 +135,7 @@ def coco_names() -> dict[int, str]:
 def convert(obj: Mapping, source: str | Path | None = None) -> dict[str, Any]:
     """A yolo-cb checkpoint (plain data, weights_only-loadable) from a loaded Megvii file; CheckpointError naming what
     does not match when its tensors are not a YOLOX's."""
-    from yolo_cb import __version__
+    from yolo_cb.version import __version__
 
     what = f"'{source}'" if source else "the Megvii checkpoint"
     state = state_dict_of(obj)
