@@ -1,6 +1,6 @@
 """yolo-cb: a YOLO-style object detection trainer driven by string-keyed callbacks."""
 
-__version__ = "0.1.0"
+from yolo_cb.version import __version__
 
 __all__ = ["YOLO", "__version__"]
 

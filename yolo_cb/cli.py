@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from yolo_cb.config import describe_settings, load_defaults
 from yolo_cb.errors import UserError
 from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune")
 SPECIAL = ("cfg", "help", "version")
@@ -106,8 +107,6 @@ def run(argv: list[str]) -> object:
         print(HELP)
         return None
     if mode == "version":
-        from yolo_cb import __version__
-
         print(__version__)
         return None
     if mode == "cfg":

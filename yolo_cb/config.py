@@ -6,6 +6,7 @@ the value and what would be right (with 'did you mean' for misspelt keys).
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +14,18 @@ from typing import Any
 
 import yaml
 
+from yolo_cb.callbacks import lr_settings
+from yolo_cb.callbacks.engine import event_methods
+from yolo_cb.callbacks.events import EVENTS, event_hint
+from yolo_cb.callbacks.registry import REGISTRY, import_object, parse_specs, registered_names
 from yolo_cb.errors import ConfigError, load_yaml, short_repr
 from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import yaml_loads
 
-__all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "save_config"]
+__all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "parse_freeze",
+           "save_config"]
 
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
@@ -178,13 +185,9 @@ def _coerce_structured(key: str, value: Any) -> Any:
         except yaml.YAMLError:
             raise _bad(key, value, "valid YAML") from None
     if key == "freeze":
-        from yolo_cb.engine.freeze import parse_freeze
-
         return parse_freeze(value)
     if key == "lr_scheduler":
-        from yolo_cb.callbacks.lr_schedule import resolve
-
-        resolve(value)  # the name and its parameters are checked here; the checks against other settings in get_config
+        lr_settings.resolve(value)  # the name and its parameters are checked here; the checks against other settings in get_config
         return value
     if value in (None, "", []):
         return None
@@ -199,6 +202,23 @@ def _coerce_structured(key: str, value: Any) -> Any:
     if any(e < 1 for e in epochs) or any(isinstance(v, bool) for v in value):
         raise _bad(key, value, "a list of epoch numbers >= 1")
     return sorted(set(epochs))
+
+
+def parse_freeze(value: Any) -> int | list[str] | None:
+    """None | int >= 0 | a list (or comma-separated string) of module names. Raises ConfigError."""
+    if value is None or value is False or value == "" or value == []:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"invalid value for 'freeze': {value!r}; expected a number of layers or a list of module names")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"invalid value for 'freeze': {value}; expected an integer >= 0 or a list of module names")
+        return value or None
+    if isinstance(value, str):
+        value = [part.strip() for part in value.strip("[]").split(",") if part.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+        return [str(v) for v in value] or None
+    raise ConfigError(f"invalid value for 'freeze': {value!r}; expected an integer >= 0 or a list of module names")
 
 
 def resolve_close_mosaic(sources: list[dict], default: int) -> int:
@@ -238,10 +258,6 @@ def check_callbacks(value: Any) -> None:
     an unknown event or registered name, a module that does not import, a missing attribute, a non-callable.
 
     Nothing is instantiated here (a class's constructor runs once, when the callbacks are built)."""
-    from yolo_cb.callbacks.assemble import parse_specs, registered_names
-    from yolo_cb.callbacks.engine import event_methods
-    from yolo_cb.callbacks.events import EVENTS, event_hint
-    from yolo_cb.callbacks.registry import import_object
 
     def bad(item: Any, reason: str) -> ConfigError:
         return ConfigError(f"invalid value for 'callbacks': item {short_repr(item)}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
@@ -293,10 +309,6 @@ def check_callbacks(value: Any) -> None:
 
 def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
     """The keyword arguments of a registered callback fit its constructor (named in the error, with what it takes)."""
-    import inspect
-
-    from yolo_cb.callbacks.registry import REGISTRY
-
     try:
         signature = inspect.signature(REGISTRY[name])
     except (TypeError, ValueError):
@@ -351,15 +363,11 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     sources = [base or {}, loaded if cfg_file else {}, overrides]
     merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
     config = Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
-    from yolo_cb.callbacks.lr_schedule import resolve
-
-    resolve(config.lr_scheduler, config)  # against cos_lr and warmup_epochs
+    lr_settings.resolve(config.lr_scheduler, config)  # against cos_lr and warmup_epochs
     return config
 
 
 def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved settings as YAML (args.yaml in each run dir)."""
-    from yolo_cb.utils.files import atomic_write_text
-
     data = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.as_dict().items()}
     atomic_write_text(Path(path), yaml.safe_dump(data, sort_keys=False))

@@ -7,6 +7,8 @@ from the builtin that code outside may already catch (ValueError, OSError).
 
 from __future__ import annotations
 
+from yolo_cb.utils.yaml_safe import yaml_loads
+
 
 class UserError(Exception):
     """Bad input or environment, raised where it is detected, with a message saying what would be right."""
@@ -81,8 +83,6 @@ def load_yaml(path, error_type: type[UserError] = ConfigError, what: str = "YAML
     from pathlib import Path
 
     import yaml
-
-    from yolo_cb.utils.yaml_safe import yaml_loads
 
     try:
         text = Path(path).read_text(encoding="utf-8-sig")

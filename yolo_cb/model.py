@@ -24,6 +24,7 @@ from yolo_cb.utils.log import setup_logging
 if TYPE_CHECKING:
     from yolo_cb.engine.val_metrics import DetectionMetrics
 
+
 class _DefaultModel(str):
     """The model YOLO() trains when none is named; a resume tells it apart from a model the user named."""
 

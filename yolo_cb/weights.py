@@ -18,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.data.download import _fetch
+from yolo_cb.engine.checkpoint import save_checkpoint
 from yolo_cb.errors import CheckpointError
+from yolo_cb.nn import megvii
+from yolo_cb.utils.files import atomic_write_bytes, write_error
 from yolo_cb.utils.log import LOGGER
 
 RELEASE = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/"  # Megvii's README, "Benchmark"
@@ -116,8 +120,6 @@ def _verify(path: Path, spec: Official, label: str) -> dict:
 
     import torch
 
-    from yolo_cb.nn import megvii
-
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -154,9 +156,6 @@ def _converted_hash(path: Path) -> str | None:
 def fetch_official(variant: str, folder: Path) -> Path:
     """The verified yolo-cb checkpoint for an official variant in `folder`: reused, converted from a Megvii file already
     there (downloaded earlier or put there by hand), or downloaded, verified and converted (see the module docstring)."""
-    from yolo_cb.engine.checkpoint import save_checkpoint
-    from yolo_cb.utils.files import atomic_write_bytes
-
     spec = OFFICIAL[variant]
     folder = Path(folder)
     raw, converted = folder / spec.file, folder / spec.converted
@@ -171,8 +170,6 @@ def fetch_official(variant: str, folder: Path) -> Path:
     elif converted.is_file() and recorded and _converted_hash(converted) == recorded:
         return converted  # the Megvii file was deleted after conversion: the converted copy of the verified file stands
     else:
-        from yolo_cb.utils.files import write_error
-
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -198,8 +195,6 @@ def fetch_official(variant: str, folder: Path) -> Path:
 def _download(spec: Official, folder: Path, raw: Path) -> Path:
     """Megvii's file fetched into a new temp file in `folder` (removed on failure); an offline error says what to do."""
     from http.client import HTTPException
-
-    from yolo_cb.data.download import _fetch
 
     LOGGER.info(f"{spec.variant}: downloading Megvii's official weights {spec.url} into {folder}")
     try:

@@ -14,30 +14,16 @@ import importlib
 import importlib.util
 from typing import Any
 
+from yolo_cb.callbacks.builtin import DEFAULTS
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
-from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object
-from yolo_cb.errors import short_repr
+from yolo_cb.callbacks.lr_schedule import schedule_callback
+from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs
+from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
-# the package of integrations: every module in it is imported, and registers itself with @integration
-INTEGRATIONS_PACKAGE = "yolo_cb.integrations"
-
-
-def load_builtins() -> None:
-    """Import the built-in callbacks and every integration module, which registers them (idempotent)."""
-    import pkgutil
-
-    importlib.import_module("yolo_cb.callbacks.builtin")
-    importlib.import_module("yolo_cb.callbacks.lr_schedule")
-    package = importlib.import_module(INTEGRATIONS_PACKAGE)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{INTEGRATIONS_PACKAGE}.{module.name}")
-
-
-def registered_names() -> list[str]:
-    load_builtins()
-    return sorted(REGISTRY)
+__all__ = ["apply_specs", "build_registered", "build_trainer_callbacks", "importable", "in_dependency_order", "load_builtins",
+           "parse_specs"]
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
@@ -51,31 +37,6 @@ def build_registered(name: str, kwargs: dict | None = None) -> Any:
         except AttributeError:
             pass
     return obj
-
-
-def parse_specs(value: Any) -> list:
-    """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
-    if value in (None, "", [], False):
-        return []
-    if isinstance(value, str) and value.strip()[:1] in "[{":  # YAML flow on the CLI: callbacks="[{stage_switch: {close_mosaic: 3}}]"
-        import yaml
-
-        from yolo_cb.utils.yaml_safe import yaml_loads
-
-        try:
-            return parse_specs(yaml_loads(value))
-        except yaml.YAMLError as error:
-            raise ValueError(f"callbacks {short_repr(value)} is not valid YAML ({error})") from None
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, dict):
-        return [{k: v} for k, v in value.items()]
-    if isinstance(value, (list, tuple)):
-        items = []
-        for item in value:
-            items.extend(parse_specs(item) if isinstance(item, str) else [item])
-        return items
-    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {short_repr(value)}")
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:
@@ -136,10 +97,6 @@ def importable(module: str) -> bool:
 
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
     """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
-    from yolo_cb.callbacks.builtin import DEFAULTS
-    from yolo_cb.callbacks.lr_schedule import schedule_callback
-    from yolo_cb.utils.log import LOGGER
-
     load_builtins()
     callbacks = Callbacks()
     for name in in_dependency_order(DEFAULTS):

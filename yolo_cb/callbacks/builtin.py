@@ -16,6 +16,7 @@ from yolo_cb.engine.checkpoint import save_checkpoint, serialize_checkpoint
 from yolo_cb.engine.stop import StopCause
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.results_plot import plot_results
 
 
 @register_callback("progress")
@@ -117,8 +118,6 @@ class ResultsCSV:
 
     def on_train_end(self, trainer):
         if trainer.is_main and trainer.args.plots and trainer.args.save:
-            from yolo_cb.utils.results_plot import plot_results
-
             plot_results(Path(trainer.save_dir) / "results.csv")
 
     def state_dict(self):

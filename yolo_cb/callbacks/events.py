@@ -5,6 +5,8 @@ The order of each group is the order in which the events fire in one run.
 
 from __future__ import annotations
 
+from yolo_cb.utils.suggest import did_you_mean
+
 TRAINER_EVENTS: dict[str, str] = {
     "on_pretrain_routine_start": "training starts: run dir made, before the model, data and optimizer are built",
     "on_pretrain_routine_end": "model, data, loss and optimizer are built (and a resume loaded), before the first epoch",
@@ -138,8 +140,6 @@ FOREIGN_EVENTS: dict[str, tuple[str, str]] = {
 
 def event_hint(name: str) -> str:
     """' 'x' is <framework>'s name: here it is 'y'.' for another framework's event name, else the closest spellings."""
-    from yolo_cb.utils.suggest import did_you_mean
-
     key = str(name)
     if key.startswith(("on_before_", "on_after_")) and key not in EVENTS and key[3:] in FOREIGN_EVENTS:
         key = key[3:]  # on_before_train_iter -> before_train_iter

@@ -1,6 +1,7 @@
 """Names for callbacks: `@register_callback` for a callback class or factory, `@integration` for one that a setting
-switches on. It imports only the engine and utils; the modules that register import it (see callbacks/assemble.py
-for building callbacks from names and the trainer's set).
+switches on; `callbacks=` declarations parsed into items. It imports only the engine, errors and utils: the modules
+that register import it, and `load_builtins` finds them by name (see callbacks/assemble.py for building callbacks
+from names and the trainer's set).
 
 An integration is one file in yolo_cb/integrations/ that declares everything about itself where it registers:
 
@@ -13,12 +14,17 @@ plus its setting's line in cfg/default.yaml. Nothing else names it.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from yolo_cb.callbacks.engine import ON_ERROR
+from yolo_cb.errors import short_repr
 from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.utils.yaml_safe import yaml_loads
 
 REGISTRY: dict[str, Callable[..., Any]] = {}
 INTEGRATIONS: dict[str, Integration] = {}
@@ -97,3 +103,42 @@ def import_object(path: str) -> Any:
             raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     return obj
+
+
+# the package of integrations: every module in it is imported, and registers itself with @integration
+INTEGRATIONS_PACKAGE = "yolo_cb.integrations"
+
+
+def load_builtins() -> None:
+    """Import the built-in callbacks and every integration module, which registers them (idempotent)."""
+    importlib.import_module("yolo_cb.callbacks.builtin")
+    importlib.import_module("yolo_cb.callbacks.lr_schedule")
+    package = importlib.import_module(INTEGRATIONS_PACKAGE)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{INTEGRATIONS_PACKAGE}.{module.name}")
+
+
+def registered_names() -> list[str]:
+    load_builtins()
+    return sorted(REGISTRY)
+
+
+def parse_specs(value: Any) -> list:
+    """Normalise the `callbacks` setting (None, a comma-separated string, or a list) into a list of items."""
+    if value in (None, "", [], False):
+        return []
+    if isinstance(value, str) and value.strip()[:1] in "[{":  # YAML flow on the CLI: callbacks="[{stage_switch: {close_mosaic: 3}}]"
+        try:
+            return parse_specs(yaml_loads(value))
+        except yaml.YAMLError as error:
+            raise ValueError(f"callbacks {short_repr(value)} is not valid YAML ({error})") from None
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, dict):
+        return [{k: v} for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            items.extend(parse_specs(item) if isinstance(item, str) else [item])
+        return items
+    raise ValueError(f"callbacks must be a string, a list or a mapping, got {type(value).__name__}: {short_repr(value)}")

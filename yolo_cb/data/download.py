@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from yolo_cb.errors import DataError
+from yolo_cb.utils.files import create_temp
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -37,8 +38,6 @@ def _fetch(url: str, folder: Path, name: str, timeout: float = 60.0, chunk: int 
     import urllib.request
 
     from tqdm import tqdm
-
-    from yolo_cb.utils.files import create_temp
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.utils.files import create_temp
+
 
 def npy_path(im_file: str) -> Path:
     """The cache file of an image: the same name with the suffix ``.npy``."""
@@ -54,8 +56,6 @@ def save_npy(npy: Path, img: np.ndarray) -> None:
     """Write ``img`` to a temp file beside ``npy`` and rename it into place: a reader never sees half a file.
 
     Any failure (a full disk, a kill) leaves no file named ``npy``; the temp file is removed on errors."""
-    from yolo_cb.utils.files import create_temp
-
     fd, tmp = create_temp(npy.parent, f".{npy.name}.", ".tmp")
     try:
         img = np.ascontiguousarray(img)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.utils.files import atomic_write_text
+
 LOGGER = logging.getLogger("yolo_cb")
 
 IMG_SUFFIXES = frozenset({".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
@@ -288,8 +290,6 @@ def warn_unwritable(folder: Path, what: str, reason: str = "read-only") -> None:
 
 def write_cache(path: Path, file_hash: str, entries: list[dict]) -> None:
     """Write the cache atomically; an unwritable or read-only folder is warned about once and skipped."""
-    from yolo_cb.utils.files import atomic_write_text
-
     if not folder_is_writable(path.parent):
         return warn_unwritable(path.parent, "label cache")
     try:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo_cb.engine.checkpoint import model_from_checkpoint
 from yolo_cb.errors import CheckpointError, ConfigError
 from yolo_cb.utils.log import LOGGER
 
@@ -292,7 +293,5 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False) -> Backe
     if suffix in (".torchscript", ".ts", ".jit"):
         return TorchScriptBackend(str(path), device=dev, fp16=fp16)
     if suffix in (".pt", ".pth"):
-        from yolo_cb.engine.checkpoint import model_from_checkpoint
-
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
     raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx or .torchscript")

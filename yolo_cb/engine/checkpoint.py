@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from yolo_cb.errors import CheckpointError, os_reason
+from yolo_cb.nn import build_model, megvii
 from yolo_cb.utils.files import atomic_write_bytes
 
 
@@ -108,8 +109,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise CheckpointError(f"cannot read checkpoint '{path}': {os_reason(error)}") from error
         raise CheckpointError(f"cannot read checkpoint '{path}' (truncated, or not a torch file?): {str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
     if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt) or "model_cfg" not in ckpt:
-        from yolo_cb.nn import megvii
-
         if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
             return megvii.convert(ckpt, path)
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
@@ -119,8 +118,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = False):
     """Build the YOLOX model a checkpoint describes and load its EMA weights (or raw weights)."""
-    from yolo_cb.nn import build_model
-
     where = "the checkpoint" if isinstance(ckpt, dict) else f"checkpoint '{ckpt}'"
     if not isinstance(ckpt, dict):
         ckpt = load_checkpoint(ckpt)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo_cb.engine.backend import TORCHSCRIPT_META
 from yolo_cb.errors import ConfigError, WriteError
 from yolo_cb.utils.files import create_temp, write_error
 from yolo_cb.utils.log import LOGGER
@@ -236,6 +237,4 @@ def export_onnx(model: nn.Module, file: str | Path, imgsz: tuple[int, int], opse
 def export_torchscript(model: nn.Module, file: str | Path, imgsz: tuple[int, int], dynamic: bool = False, batch: int = 1,
                        metadata: dict[str, Any] | None = None) -> Path:
     """torch.jit.trace the eval graph to `file` (see torchscript_bytes), written beside it and renamed."""
-    from yolo_cb.engine.backend import TORCHSCRIPT_META
-
     return write_export(file, torchscript_bytes(model, imgsz, dynamic, batch, metadata, TORCHSCRIPT_META))

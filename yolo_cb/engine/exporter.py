@@ -21,8 +21,10 @@ from torch import nn
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
-from yolo_cb.data.verify import IMG_SUFFIXES
-from yolo_cb.engine.backend import max_stride
+from yolo_cb.data.resolve import resolve_datasets_dir
+from yolo_cb.data.verify import IMG_SUFFIXES, imread
+from yolo_cb.engine.backend import TORCHSCRIPT_META, max_stride, select_device
+from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.engine.export_formats import (  # noqa: F401 - public here too
     ExportError,
     ExportSettingError,
@@ -34,14 +36,16 @@ from yolo_cb.engine.export_formats import (  # noqa: F401 - public here too
     onnx_bytes,
     torchscript_bytes,
 )
+from yolo_cb.engine.predictor import preprocess
+from yolo_cb.errors import DataError, load_yaml
+from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.version import __version__
 
 EXPORT_DEFAULTS = {"mode": "export", "batch": 1}  # an export is for batch 1 unless batch= is given explicitly
 
 
 def _version() -> str:
-    from yolo_cb import __version__
-
     return str(__version__)
 
 
@@ -127,10 +131,6 @@ def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
     if not data:
         return None
     try:
-        from yolo_cb.data.resolve import resolve_datasets_dir
-        from yolo_cb.errors import DataError, load_yaml
-        from yolo_cb.paths import find_dataset_cfg
-
         yaml_file = find_dataset_cfg(str(data)).resolve()
         cfg = load_yaml(yaml_file, DataError, "dataset YAML") or {}  # the bounded loader: an alias bomb is refused here too
         base = str(cfg.get("path") or "")
@@ -189,8 +189,6 @@ class Exporter:
     # --- steps ------------------------------------------------------------------------------
     def _load(self, model: Any) -> tuple[nn.Module, Path | None, dict]:
         """(fused eval copy on the export device, weights path or None, train_args)."""
-        from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
-
         model = model if model is not None else self.args.model
         if model is None:
             raise ValueError("nothing to export: pass a checkpoint path or a model (model=...)")
@@ -214,8 +212,6 @@ class Exporter:
     def _device(self) -> torch.device:
         if not self.args.half:
             return torch.device("cpu")
-        from yolo_cb.engine.backend import select_device
-
         device = select_device(self.args.device or "")
         if device.type != "cuda":
             raise ExportSettingError("half=True (fp16 export) needs a CUDA device; CUDA is not available here "
@@ -232,9 +228,6 @@ class Exporter:
 
     def _verification_image(self, train_args: dict, imgsz: tuple[int, int], batch: int) -> torch.Tensor:
         import cv2
-
-        from yolo_cb.data.verify import imread
-        from yolo_cb.engine.predictor import preprocess
 
         path = dataset_image(train_args.get("data") or self.args.data, train_args.get("datasets_dir") or self.args.datasets_dir)
         img = imread(str(path)) if path else None
@@ -290,8 +283,6 @@ class Exporter:
         return Path(self.args.project or ".") / f"{stem}{suffix}"
 
     def _serialise(self, fmt: str, module: nn.Module, imgsz: tuple[int, int], batch: int, source: Any) -> bytes:
-        from yolo_cb.engine.backend import TORCHSCRIPT_META
-
         args = self.args
         try:
             if fmt == "onnx":

@@ -22,8 +22,12 @@ from typing import Any
 
 from torch import nn
 
+from yolo_cb.config import parse_freeze
 from yolo_cb.errors import ConfigError
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.suggest import did_you_mean
+
+__all__ = ["freeze_bn_stats", "freeze_layers", "layer_order", "parse_freeze"]
 
 YOLOX_LAYERS = ("backbone.backbone.stem", "backbone.backbone.dark2", "backbone.backbone.dark3", "backbone.backbone.dark4",
                 "backbone.backbone.dark5", "backbone.lateral_conv0", "backbone.C3_p4", "backbone.reduce_conv1", "backbone.C3_p3",
@@ -42,23 +46,6 @@ def layer_order(model: nn.Module) -> tuple[str, ...]:
                       f"expected a list of module names from model.named_modules()")
 
 
-def parse_freeze(value: Any) -> int | list[str] | None:
-    """None | int >= 0 | a list (or comma-separated string) of module names. Raises ConfigError."""
-    if value is None or value is False or value == "" or value == []:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"invalid value for 'freeze': {value!r}; expected a number of layers or a list of module names")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"invalid value for 'freeze': {value}; expected an integer >= 0 or a list of module names")
-        return value or None
-    if isinstance(value, str):
-        value = [part.strip() for part in value.strip("[]").split(",") if part.strip()]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
-        return [str(v) for v in value] or None
-    raise ConfigError(f"invalid value for 'freeze': {value!r}; expected an integer >= 0 or a list of module names")
-
-
 def freeze_layers(model: nn.Module, value: Any) -> list[str]:
     """Freeze the first N layers or the named modules; returns the frozen module names (logged with the tensor count)."""
     value = parse_freeze(value)
@@ -71,8 +58,6 @@ def freeze_layers(model: nn.Module, value: Any) -> list[str]:
             raise ConfigError(f"invalid value for 'freeze': {value}; this model has {len(order)} layers ({', '.join(order)})")
         names = list(order[:value])
     else:
-        from yolo_cb.utils.suggest import did_you_mean
-
         names = [str(v) for v in value]
         for name in names:
             if name not in modules or not any(True for _ in modules[name].parameters()):

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.config import Config, get_config
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError, short_repr
@@ -169,15 +170,11 @@ def _names_code(key: str, value: Any) -> bool:
     if value in (None, "", [], {}, (), False):
         return False
     if key == "lr_scheduler":
-        from yolo_cb.callbacks.lr_schedule import names_code
-
         return names_code(value)
     return True
 
 
 def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
-    from yolo_cb.callbacks.lr_schedule import parse_lr_scheduler
-
     try:
         return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
     except ValueError:

@@ -576,7 +576,7 @@ class Trainer:
         `epoch` is the last completed epoch; mid-epoch (a save_steps or signal save) `epoch_batches` says how many batches
         of the next one are trained, with what resuming there needs: that epoch's mean losses, accumulated gradients, and
         every rank's RNG states under DDP (gathered on rank 0 just before)."""
-        from yolo_cb import __version__
+        from yolo_cb.version import __version__
 
         model = unwrap(self.model)
         epoch = self.completed_epoch if epoch is None else epoch

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from yolo_cb.metrics import DetMetrics
+from yolo_cb.metrics import RECALL_THRESHOLDS, DetMetrics
 
 KEYS = ("metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)")
 CURVES = ("Precision-Recall(B)", "F1-Confidence(B)", "Precision-Confidence(B)", "Recall-Confidence(B)")
@@ -109,8 +109,6 @@ class BoxMetric:
         """[x, y (classes x points), x label, y label] for PR (101 COCO recall points), F1, P and R against confidence."""
         if self._det is None:
             return []
-        from yolo_cb.metrics import RECALL_THRESHOLDS
-
         d, idx = self._det, self.ap_class_index
         return [[RECALL_THRESHOLDS, d.pr_curves[idx], "Recall", "Precision"], [d.px, d.f1_curve[idx], "Confidence", "F1"],
                 [d.px, d.p_curve[idx], "Confidence", "Precision"], [d.px, d.r_curve[idx], "Confidence", "Recall"]]

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 
-from yolo_cb.errors import CheckpointError
+from yolo_cb.errors import CheckpointError, load_yaml
+from yolo_cb.paths import find_dataset_cfg
+from yolo_cb.version import __version__
+
+from ..paths import MODELS_DIR
+from .model import YOLOX, load_model_cfg
 
 STEM_KEY = "backbone.backbone.stem.conv.conv.weight"  # (64 * width, 12, 3, 3)
 CLS_KEY = "head.cls_preds.0.weight"  # (nc, 256 * width, 1, 1)
@@ -48,9 +53,6 @@ def is_megvii_checkpoint(obj: Any) -> bool:
 
 def bundled_variants() -> dict[str, dict]:
     """Bundled YOLOX model YAMLs: variant name (file stem, e.g. 'yolox-s') -> its architecture dict."""
-    from ..paths import MODELS_DIR
-    from .model import load_model_cfg
-
     variants = {}
     for path in sorted(MODELS_DIR.glob("yolox-*.yaml")):
         arch, _ = load_model_cfg(path)
@@ -86,8 +88,6 @@ def infer_arch(state: Mapping[str, torch.Tensor]) -> tuple[dict, str | None]:
 
 def expected_shapes(arch: Mapping) -> dict[str, tuple[int, ...]]:
     """Every state-dict key of a YOLOX with `arch` and its shape (built on the meta device: no memory, no init cost)."""
-    from .model import YOLOX
-
     with torch.device("meta"):
         model = YOLOX(depth=arch["depth"], width=arch["width"], nc=int(arch["nc"]), depthwise=arch["depthwise"], act=arch.get("act", "silu"))
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -125,9 +125,6 @@ def fold_input_convention(state: Mapping[str, torch.Tensor]) -> dict[str, torch.
 
 def coco_names() -> dict[int, str]:
     """COCO's 80 class names in Megvii's (and Ultralytics') order, from the bundled coco8.yaml."""
-    from yolo_cb.errors import load_yaml
-    from yolo_cb.paths import find_dataset_cfg
-
     names = load_yaml(find_dataset_cfg("coco8.yaml"), CheckpointError, "dataset YAML")["names"]
     return {int(k): str(v) for k, v in names.items()}
 
@@ -135,8 +132,6 @@ def coco_names() -> dict[int, str]:
 def convert(obj: Mapping, source: str | Path | None = None) -> dict[str, Any]:
     """A yolo-cb checkpoint (plain data, weights_only-loadable) from a loaded Megvii file; CheckpointError naming what
     does not match when its tensors are not a YOLOX's."""
-    from yolo_cb import __version__
-
     what = f"'{source}'" if source else "the Megvii checkpoint"
     state = state_dict_of(obj)
     if state is None:

@@ -9,11 +9,13 @@ import torch
 import yaml
 from torch import nn
 
-from ..errors import short_repr
+from ..errors import ConfigError, load_yaml, short_repr
+from ..paths import MODELS_DIR, find_model_cfg
 from .backbone import PAFPN
 from .blocks import ConvBNAct
 from .head import STRIDES, YOLOXHead
 from .loss import YOLOXLoss
+from .summary import log_summary
 from .yolocb_model import FAMILY as YOLOCB_FAMILY
 from .yolocb_model import YOLOCB, parse_yolocb_cfg
 
@@ -68,8 +70,6 @@ class YOLOX(nn.Module):
             if isinstance(module, ConvBNAct):
                 module.fuse()
         if verbose:
-            from .summary import log_summary
-
             log_summary(self, suffix=" (fused)")
         return self
 
@@ -79,14 +79,10 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
 
     The `family:` key picks the detector: yolox (the default when absent) or yolocb.
     """
-    from ..paths import MODELS_DIR, find_model_cfg
-
     if isinstance(cfg, dict):
         data = dict(cfg)
         path = next((p for p in sorted(MODELS_DIR.glob("*.yaml")) if _same_arch(yaml.safe_load(p.read_text()) or {}, data)), None)
     else:
-        from ..errors import ConfigError, load_yaml
-
         path = find_model_cfg(str(cfg))
         if path.suffix.lower() not in (".yaml", ".yml"):
             raise ConfigError(f"model={cfg}: {path} is neither a yolo-cb checkpoint (.pt) nor a model YAML (.yaml, e.g. yolox-nano.yaml)")
@@ -151,7 +147,5 @@ def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: in
     else:
         model = YOLOX(nc=nc, name=name, **arch)
     if verbose:
-        from .summary import log_summary
-
         log_summary(model, imgsz)
     return model

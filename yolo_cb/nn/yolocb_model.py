@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .blocks import ConvBNAct
+from .summary import log_summary
 from .yolocb_backbone import PANNeck, SplitCSPBackbone
 from .yolocb_head import REG_MAX, STRIDES, DistributionHead
 from .yolocb_loss import YOLOCBLoss
@@ -72,8 +73,6 @@ class YOLOCB(nn.Module):
             if isinstance(module, ConvBNAct):
                 module.fuse()
         if verbose:
-            from .summary import log_summary
-
             log_summary(self, suffix=" (fused)")
         return self
 

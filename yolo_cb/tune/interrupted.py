@@ -11,6 +11,8 @@ import os
 import socket
 from pathlib import Path
 
+from yolo_cb.engine.checkpoint import checkpoint_epoch, load_checkpoint
+from yolo_cb.engine.resume import RESUME_MUTABLE, is_finished
 from yolo_cb.utils.log import LOGGER
 
 
@@ -69,8 +71,6 @@ def requeue_interrupted(study) -> None:
 def continue_trial(model, trial, last: Path, settings: dict) -> dict:
     """Train a retry on from the interrupted trial's last.pt (in that trial's folder); its metrics. `settings`: the tune's
     fixed ones, of which those a training resume may change are passed (device, workers, callbacks, ...)."""
-    from yolo_cb.engine.resume import RESUME_MUTABLE
-
     LOGGER.info(f"tune: trial {trial.number} continues trial {trial.user_attrs['retry_of']} from {last}")
     carry_over_reports(trial.study, trial, last)
     done = finished_metrics(last)
@@ -81,16 +81,12 @@ def continue_trial(model, trial, last: Path, settings: dict) -> dict:
 
 def epochs_in(last: Path | None) -> int:
     """Epochs a trial's last.pt holds (0 without one)."""
-    from yolo_cb.engine.checkpoint import checkpoint_epoch
-
     epoch = checkpoint_epoch(last) if last is not None else None
     return epoch + 1 if epoch is not None else 0
 
 
 def carry_over_reports(study, trial, last: Path) -> None:
     """Report on the retry `trial` what the interrupted trial reported up to the epoch its last.pt holds (pruners see them)."""
-    from yolo_cb.engine.checkpoint import checkpoint_epoch
-
     saved = checkpoint_epoch(last)
     original = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.user_attrs["retry_of"])
     for step, value in sorted(original.intermediate_values.items()):
@@ -101,9 +97,6 @@ def carry_over_reports(study, trial, last: Path) -> None:
 def finished_metrics(last: Path) -> dict | None:
     """For a last.pt whose run had ended (killed in its final validation): best.pt's saved metrics (last.pt's without one),
     what that final validation reports; None when the run has epochs left to train."""
-    from yolo_cb.engine.checkpoint import load_checkpoint
-    from yolo_cb.engine.resume import is_finished
-
     ckpt = load_checkpoint(last)
     if not is_finished(ckpt):
         return None

@@ -17,6 +17,7 @@ import yaml
 
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.plotting import _figure, _save
 
 CSV_NAME = "trials.csv"
 BEST_NAME = "best_hyperparameters.yaml"
@@ -136,8 +137,6 @@ def write_plots(study, folder: Path, params: list) -> list[Path]:
 
 
 def _history(study, path: Path, params) -> bool:
-    from yolo_cb.utils.plotting import _figure, _save
-
     trials = [t for t in study.get_trials(deepcopy=False) if state(t) in ("COMPLETE", "PRUNED") and t.value is not None]
     if not trials:
         return False
@@ -164,8 +163,6 @@ def _history(study, path: Path, params) -> bool:
 def _importance(study, path: Path, params) -> bool:
     from optuna.importance import get_param_importances
 
-    from yolo_cb.utils.plotting import _figure, _save
-
     if len(completed(study)) < 2:
         LOGGER.info(f"tune: {path.name} needs at least 2 complete trials; not drawn")
         return False
@@ -187,8 +184,6 @@ def _importance(study, path: Path, params) -> bool:
 def _parallel(study, path: Path, params) -> bool:
     import matplotlib
     from matplotlib import cm, colors
-
-    from yolo_cb.utils.plotting import _figure, _save
 
     trials = completed(study)
     names = [p.name for p in params if any(p.name in t.params for t in trials)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.config import INT_RANGES, coerce, describe_settings, load_defaults
+from yolo_cb.config import FRACTIONS, INT_RANGES, NONNEG_FLOATS, POSITIVE_FLOATS, coerce, describe_settings, load_defaults
 from yolo_cb.errors import ConfigError, load_yaml
 from yolo_cb.utils.suggest import did_you_mean
 
@@ -187,8 +187,6 @@ def _parse_param(key: str, spec: Any, default: Any) -> Param:
 
 
 def _is_number_setting(key: str) -> bool:
-    from yolo_cb.config import FRACTIONS, NONNEG_FLOATS, POSITIVE_FLOATS
-
     return key in FRACTIONS | NONNEG_FLOATS | POSITIVE_FLOATS
 
 

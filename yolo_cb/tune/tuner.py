@@ -17,15 +17,20 @@ from pathlib import Path
 
 import yaml
 
-from yolo_cb.config import ALIASES, get_config
+from yolo_cb.config import ALIASES, coerce, get_config, load_defaults
+from yolo_cb.data.resolve import check_data
+from yolo_cb.engine.ddp import world_size_for
+from yolo_cb.engine.optim import resolve_optimizer
+from yolo_cb.engine.resume import dataset_fingerprint
 from yolo_cb.errors import ConfigError, UserError, load_yaml
+from yolo_cb.integrations.mlflow import public_uri
 from yolo_cb.tune import report
 from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
 from yolo_cb.tune.space import default_space, parse_space, tunable_settings
 from yolo_cb.tune.storage import open_storage
 from yolo_cb.tune.tracking import TuneTracker
-from yolo_cb.utils.files import atomic_write_text, run_dir
+from yolo_cb.utils.files import atomic_write_text, default_project, run_dir
 from yolo_cb.utils.log import LOGGER, setup_logging
 
 RECORD = "tune.yaml"  # the study's name, storage, settings and space: what resume= reads back
@@ -68,6 +73,7 @@ def tune(model, /, **kwargs) -> dict:
 class Tuner:
     def __init__(self, model, kwargs: dict, optuna, pruner=None, sampler=None):
         self.optuna, self.facade = optuna, model
+        self.new_facade = type(model)  # makes each trial's facade (and the model read for its loss settings), as YOLO(...) does
         self.pruner_object, self.sampler_object = pruner, sampler
         kwargs = dict(kwargs)
         named = kwargs.pop("model", None)  # tune(model=...) names the model as YOLO(...) does
@@ -97,8 +103,6 @@ class Tuner:
 
     # --- settings -----------------------------------------------------------------------------
     def _check_args(self) -> None:
-        from yolo_cb.engine.ddp import world_size_for
-
         if world_size_for(self.args) > 1:
             raise ConfigError(f"tune runs each trial in one process (nproc={self.args.nproc}, device={self.args.device}): to use more "
                               f"processes or machines, start several `yolo-cb tune` on one storage= (docs/tune.md)")
@@ -115,13 +119,10 @@ class Tuner:
         iterations = self._iterations_per_trial()
         optimizer, lr0, momentum = args.optimizer, args.lr0, args.momentum
         if optimizer == "auto" and (params is None or any(p.name in ("lr0", "momentum") for p in params)):
-            from yolo_cb.engine.optim import resolve_optimizer  # auto ignores lr0 and momentum: resolve it as the trainer would
-
+            # auto ignores lr0 and momentum: resolve it as the trainer would
             optimizer, lr0, momentum = resolve_optimizer("auto", lr0, momentum, iterations)
         if params is None:  # the default space, less what the user fixed
-            from yolo_cb.model import YOLO
-
-            loss_settings = getattr(getattr(YOLO(self.source).model, "criterion", None), "reads_settings", ())
+            loss_settings = getattr(getattr(self.new_facade(self.source).model, "criterion", None), "reads_settings", ())
             space = default_space(args.epochs, optimizer, loss_settings)
             fixed = sorted(k for k in space if self._given(k))
             if fixed:
@@ -151,9 +152,6 @@ class Tuner:
 
     def _iterations_per_trial(self) -> int:
         """Iterations of one trial as optimizer=auto counts them (the dataset is checked on the way)."""
-        from yolo_cb.data.resolve import check_data
-        from yolo_cb.engine.resume import dataset_fingerprint
-
         data = check_data(self.args.data or "shapes.yaml", self.args.datasets_dir)
         images = max(1, round(dataset_fingerprint(data)["train_images"] * self.args.fraction))
         return math.ceil(images / max(self.args.batch, self.args.nbs)) * self.args.epochs
@@ -189,8 +187,6 @@ class Tuner:
         return record
 
     def _resumed_kwargs(self, record: dict, kwargs: dict) -> dict:
-        from yolo_cb.config import coerce, load_defaults
-
         saved, defaults = dict(record["settings"]), load_defaults()
         fixed = {k: v for k, v in kwargs.items() if k not in RESUME_MUTABLE | {"resume"}}
         changed = sorted(k for k, v in fixed.items() if k == "space" or k not in saved or coerce(k, v, defaults.get(k)) != saved[k])
@@ -212,8 +208,6 @@ class Tuner:
         return recorded or (str(named) if named is not None else model.source)
 
     def _write_record(self) -> None:
-        from yolo_cb.integrations.mlflow import public_uri
-
         record = {"study_name": self.study_name, "storage": public_uri(self.storage_url), "model": self.source, "iterations": self.args.iterations,
                   "pruner": self.args.pruner, "tune_keep": self.args.tune_keep, "settings": self.base,
                   "space": {p.name: p.as_yaml() for p in self.params}, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -297,8 +291,6 @@ class Tuner:
         return self._summary(study)
 
     def _objective(self, trial) -> float:
-        from yolo_cb.model import YOLO
-
         record_process(trial)
         params = {p.name: p.suggest(trial) for p in self.params}
         last = Path(trial.user_attrs["resume_from"]) if trial.user_attrs.get("resume_from") else None
@@ -306,7 +298,7 @@ class Tuner:
         folder = last.parent.parent if last is not None else self.trials_dir / f"trial_{trial.number}"  # a retry goes on in its folder
         trial.set_user_attr("run_dir", str(folder.resolve()))
         trial.set_user_attr("epochs_planned", self.args.epochs)
-        model = YOLO(self.source) if self.source else YOLO()
+        model = self.new_facade(self.source) if self.source else self.new_facade()
         model.callbacks = self.facade.callbacks.copy()  # the user's callbacks run in every trial
         reporter = TrialReporter(trial)
         model.add_callbacks(reporter)
@@ -366,14 +358,10 @@ class Tuner:
 
 def run_dir_root() -> Path:
     """Where tune folders go without project= (the folder yolo_cb.utils.files.run_dir(args, "tune") makes them in)."""
-    from yolo_cb.utils.files import default_project
-
     return default_project()
 
 
 def public_storage(url: str) -> str:
-    from yolo_cb.integrations.mlflow import public_uri
-
     return public_uri(url)
 
 

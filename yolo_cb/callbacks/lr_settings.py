@@ -1,0 +1,168 @@
+"""The `lr_scheduler=` setting, parsed and checked: which schedule, with which parameters (no training code here).
+
+The callback that applies it is yolo_cb/callbacks/lr_schedule.py; the settings (yolo_cb/config.py) and the resume
+checks (yolo_cb/engine/resume.py) read the setting through this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import yaml
+
+from yolo_cb.callbacks.registry import import_object
+from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.utils.yaml_safe import yaml_loads
+
+BUILTIN = ("linear", "cosine", "step", "multistep", "exponential", "polynomial", "constant")
+COMMON = {"warmup_by": ("batch", "epoch"), "cooldown_epochs": int}
+PARAMS: dict[str, dict[str, Any]] = {  # schedule -> {parameter: default}; a default of None means required
+    "linear": {}, "cosine": {}, "constant": {},
+    "step": {"step_size": None, "gamma": 0.1},
+    "multistep": {"milestones": None, "gamma": 0.1},
+    "exponential": {"gamma": "lrf ** (1 / epochs)"},
+    "polynomial": {"power": 2.0},
+}
+FORMS = ("linear | cosine | step | multistep | exponential | polynomial | constant | none | module:function | module:Class | "
+         "a torch.optim.lr_scheduler class name, optionally as a mapping {name: {parameter: value}}")
+
+
+def _bad(value: Any, reason: str) -> ConfigError:
+    return ConfigError(f"invalid value for 'lr_scheduler': {short_repr(value)}: {reason}; expected {FORMS}")
+
+
+def parse_lr_scheduler(value: Any) -> tuple[str, dict]:
+    """'cosine' | {'step': {'step_size': 5}} | the same as YAML text -> (name, parameters). Raises ConfigError."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = yaml_loads(value)
+        except yaml.YAMLError as error:
+            raise _bad(value, f"not a YAML mapping ({error})") from None
+    if isinstance(value, dict):
+        if len(value) != 1:
+            raise _bad(value, "a mapping must have exactly one key, the schedule's name")
+        (name, params), = value.items()
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise _bad(value, f"the parameters of '{name}' must be a mapping, got {short_repr(params)}")
+        return str(name), dict(params)
+    if value is None or value is False:
+        return "none", {}
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(value, "not a name")
+    return value.strip(), {}
+
+
+def _torch_class(name: str):
+    import torch.optim.lr_scheduler as torch_schedulers
+
+    short = name.rpartition(".")[2]
+    cls = getattr(torch_schedulers, short, None)
+    if isinstance(cls, type) and short[:1].isupper() and (name == short or name == f"torch.optim.lr_scheduler.{short}"):
+        return cls
+    return None
+
+
+def names_code(value: Any) -> bool:
+    """Whether an lr_scheduler value names code to import (module:function, module:Class): anything but a built-in
+    schedule, none, or a torch scheduler class. Parsed only, never imported; a malformed value counts as code."""
+    try:
+        name, _ = parse_lr_scheduler(value)
+    except ValueError:
+        return True
+    return not (name == "none" or name in BUILTIN or _torch_class(name) is not None)
+
+
+def resolve(value: Any, args: Any = None) -> tuple[str, str, dict, Any]:
+    """Check the setting fully: (kind, name, parameters, target) with kind builtin | function | class | torch | none."""
+    name, params = parse_lr_scheduler(value)
+    common = {k: params.pop(k) for k in list(params) if k in COMMON}
+    if "warmup_by" in common and common["warmup_by"] not in COMMON["warmup_by"]:
+        raise _bad(value, f"warmup_by={common['warmup_by']!r}, expected batch or epoch")
+    if "cooldown_epochs" in common and (isinstance(common["cooldown_epochs"], bool) or not isinstance(common["cooldown_epochs"], int)
+                                        or common["cooldown_epochs"] < 0):
+        raise _bad(value, f"cooldown_epochs={common['cooldown_epochs']!r}, expected an integer >= 0")
+    cos_lr = bool(getattr(args, "cos_lr", False))
+    if name == "none":
+        if params or common:
+            raise _bad(value, "none takes no parameters")
+        if args is not None and float(getattr(args, "warmup_epochs", 0) or 0) > 0:
+            raise _bad(value, f"none leaves the LR to your callbacks, so warmup_epochs={args.warmup_epochs} would be ignored; set warmup_epochs=0")
+        kind, target = "none", None
+    elif name in BUILTIN:
+        allowed = PARAMS[name]
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            raise _bad(value, f"'{name}' has no parameter {', '.join(unknown)} (it takes: {', '.join([*allowed, *COMMON]) or 'none'})")
+        missing = [k for k, default in allowed.items() if default is None and k not in params]
+        if missing:
+            raise _bad(value, f"'{name}' needs {', '.join(missing)}, e.g. {{{name}: {{{missing[0]}: {'[30, 60]' if missing[0] == 'milestones' else 10}}}}}")
+        _check_builtin_params(value, name, params)
+        kind, target = "builtin", None
+    elif _torch_class(name) is not None:
+        target = _torch_class(name)
+        if "cooldown_epochs" in common:
+            raise _bad(value, "cooldown_epochs applies to the built-in schedules only")
+        monitor = params.pop("monitor", "fitness") if name.endswith("ReduceLROnPlateau") else None
+        signature = inspect.signature(target.__init__)
+        accepted = [p for p in signature.parameters if p not in ("self", "optimizer", "last_epoch", "verbose")]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise _bad(value, f"torch's {target.__name__} has no parameter {', '.join(unknown)} (it takes: {', '.join(accepted)}"
+                              f"{', monitor' if monitor is not None else ''}; and warmup_by)")
+        required = [p.name for p in signature.parameters.values() if p.name in accepted and p.default is inspect.Parameter.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        missing = [p for p in required if p not in params]
+        if missing:
+            raise _bad(value, f"torch's {target.__name__} needs {', '.join(missing)}")
+        if monitor is not None:
+            params["monitor"] = monitor
+            params.setdefault("mode", "min" if "loss" in str(monitor) else "max")  # fitness and mAP grow, losses shrink
+        kind = "torch"
+    elif ":" in name:
+        try:
+            target = import_object(name)
+        except ValueError as error:
+            raise _bad(value, str(error)) from None
+        if isinstance(target, type):
+            kind = "class"
+            if common:
+                raise _bad(value, "a callback class gets its parameters as keyword arguments, not warmup_by/cooldown_epochs")
+            params = {**params}
+        elif callable(target):
+            kind = "function"
+            if params:
+                raise _bad(value, f"a function takes only warmup_by and cooldown_epochs, not {', '.join(sorted(params))}")
+        else:
+            raise _bad(value, f"{name} is a {type(target).__name__}, not a function or a class")
+    else:
+        import torch.optim.lr_scheduler as torch_schedulers
+
+        names = [*BUILTIN, "none", *[n for n in dir(torch_schedulers) if _torch_class(n) is not None]]
+        raise _bad(value, f"unknown schedule '{name}'.{did_you_mean(name, names)}")
+    if cos_lr and not (kind == "builtin" and name in ("linear", "cosine")):
+        raise _bad(value, "cos_lr=True asks for the cosine schedule; give lr_scheduler=cosine (or drop cos_lr) instead of both")
+    return kind, name, {**params, **common}, target
+
+
+def _check_builtin_params(value: Any, name: str, params: dict) -> None:
+    def number(key, low, high=None, integer=False):
+        v = params[key]
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and (not integer or float(v).is_integer()) and v >= low \
+            and (high is None or v <= high)
+        if not ok:
+            raise _bad(value, f"{key}={v!r}, expected {'an integer' if integer else 'a number'} >= {low}" + (f" and <= {high}" if high else ""))
+
+    if "step_size" in params:
+        number("step_size", 1, integer=True)
+    if "gamma" in params:
+        number("gamma", 0.0, 1.0)
+    if "power" in params:
+        number("power", 0.0)
+    if "milestones" in params:
+        m = params["milestones"]
+        if not isinstance(m, list) or not m or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in m) or m != sorted(m):
+            raise _bad(value, f"milestones={m!r}, expected an increasing list of epochs >= 1, e.g. [30, 60]")
