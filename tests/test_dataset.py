@@ -140,7 +140,7 @@ def test_read_only_or_unwritable_folders_skip_writing_with_one_warning(tmp_path,
     def refuse(path, text):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("yolo_cb.utils.files.atomic_write_text", refuse)
+    monkeypatch.setattr(verify, "atomic_write_text", refuse)
     monkeypatch.setattr(verify, "_unwritable_warned", set())
     log.clear()
     for _ in range(2):

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo_cb import nn as detectors  # build_model read at call time (tests wrap it)
 from yolo_cb.errors import CheckpointError, os_reason
-from yolo_cb.nn import build_model, megvii
+from yolo_cb.nn import megvii
 from yolo_cb.utils.files import atomic_write_bytes
 
 
@@ -122,7 +123,7 @@ def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = Fal
     if not isinstance(ckpt, dict):
         ckpt = load_checkpoint(ckpt)
     names = {int(k): v for k, v in ckpt["names"].items()}
-    model = build_model(ckpt["model_cfg"], nc=len(names), verbose=verbose)
+    model = detectors.build_model(ckpt["model_cfg"], nc=len(names), verbose=verbose)
     state = ckpt.get("ema") or ckpt["model"]
     load_weights_strictly(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, where)
     model.names = names
