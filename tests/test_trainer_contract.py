@@ -74,3 +74,18 @@ def test_stop_set_by_a_callback_stops_the_run(tiny):
     trainer = model.trainer
     assert len(batches) == 2 and trainer.epoch == 0 and trainer.stop is True
     assert trainer.state.stop.flag is True and trainer.stop_cause == StopCause.CALLBACK
+
+
+def test_the_names_write_the_run_state():
+    from yolo_cb.config import get_config
+    from yolo_cb.engine.trainer import Trainer
+
+    trainer = Trainer(get_config({"epochs": 3}))
+    assert trainer.epochs == trainer.state.progress.epochs == 3 and trainer.completed_epoch == -1
+    trainer.epoch, trainer.best_fitness, trainer.metrics = 2, 0.5, {"fitness": 0.5}
+    trainer.stop, trainer.stop_reason = True, "enough"
+    state = trainer.state
+    assert (state.progress.epoch, state.best.fitness, state.metrics.values) == (2, 0.5, {"fitness": 0.5})
+    assert state.stop.flag is True and state.stop.reason == "enough"
+    trainer.request_stop(StopCause.TARGET, "later")  # the first stop kept its (missing) cause: this one fills it in
+    assert state.stop.cause == StopCause.TARGET and trainer.stop_reason == "later"
