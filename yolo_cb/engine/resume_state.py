@@ -42,7 +42,7 @@ def agree_on_checkpoint(trainer) -> None:
         return
     mine = resume_position(trainer.resume_ckpt)
     rank0 = distributed.broadcast_object(mine)
-    if not distributed.any_rank(mine != rank0, trainer._flag_device):
+    if not distributed.any_rank(mine != rank0, trainer.flag_device):
         return
     received = distributed.broadcast_object(trainer.resume_ckpt if trainer.rank == 0 else None)
     if mine != rank0:
@@ -101,8 +101,8 @@ def load_state(trainer, ckpt: dict) -> None:
     skip = resume_batches(ckpt, trainer.num_batches, trainer.world_size, trainer.args.batch)
     trainer.epoch, trainer.batches_done = min(trainer.start_epoch, trainer.epochs - 1), skip  # where a save before the loop resumes
     if skip:
-        trainer._stepped = True
-        trainer._mid_epoch = MidEpoch(skip, torch.tensor(ckpt["tloss"]) if ckpt.get("tloss") is not None else None, ckpt.get("grads"))
+        trainer.stepped = True
+        trainer.mid_epoch = MidEpoch(skip, torch.tensor(ckpt["tloss"]) if ckpt.get("tloss") is not None else None, ckpt.get("grads"))
     check_same_dataset(ckpt, trainer.data_fingerprint(), trainer.args.resume)
     if trainer.start_epoch >= trainer.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {trainer.epochs} epochs are trained; finishing the run (final validation of best.pt)")
@@ -149,8 +149,8 @@ def partial_grads(model: torch.nn.Module) -> dict | None:
 def continue_epoch(trainer) -> int:
     """At the start of the first resumed epoch of a mid-epoch checkpoint: skip the batches already trained (their indices
     drawn, nothing loaded), take back that epoch's mean losses and accumulated gradients; the batches skipped (0: none)."""
-    state: MidEpoch | None = trainer._mid_epoch
-    trainer._mid_epoch = None
+    state: MidEpoch | None = trainer.mid_epoch
+    trainer.mid_epoch = None
     if state is None:
         return 0
     trainer.train_loader.skip_next(state.batches)

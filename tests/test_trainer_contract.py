@@ -1,0 +1,91 @@
+"""The trainer's public names: what callbacks, integrations, tune and the docs' examples read (and write) on `trainer`.
+
+The trainer keeps its state in `trainer.state` (yolo_cb/engine/run_state.py) and its parts in collaborators; these names
+stay readable on the trainer itself, and the writes that have an effect today keep it."""
+
+from __future__ import annotations
+
+import pytest
+
+from yolo_cb import YOLO
+from yolo_cb.engine.run_state import RunState
+from yolo_cb.engine.stop import StopCause
+
+# found by grepping `trainer.` in yolo_cb/callbacks, yolo_cb/integrations, yolo_cb/tune, tests/cbpkg, docs and tests
+CALLBACK_NAMES = (
+    # Ultralytics' names
+    "args", "epoch", "epochs", "start_epoch", "metrics", "fitness", "best_fitness", "tloss", "loss", "loss_items", "lr",
+    "model", "ema", "optimizer", "train_loader", "test_loader", "validator", "data", "device", "save_dir", "wdir", "best",
+    "last", "plots", "epoch_time", "epoch_time_start", "batch_size", "stop", "stop_reason", "add_callback",
+    "label_loss_items", "callbacks", "criterion", "scaler", "accumulate", "last_opt_step", "world_size", "rank",
+    # yolo-cb's own
+    "state", "batch", "batch_i", "batches_done", "num_batches", "optimizer_steps", "save_step_due", "completed_epoch",
+    "metrics_epoch", "validated_this_epoch", "monitor", "monitor_value", "improved", "best_epoch", "stop_cause",
+    "request_stop", "exception", "is_main", "elapsed", "resume_ckpt", "loss_names", "frozen", "validate_every_epoch",
+    "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
+    "data_fingerprint", "lr_schedule",
+)
+
+
+@pytest.fixture
+def trained(tiny):
+    model = YOLO("yolox-nano.yaml")
+    seen = {}
+    model.add_callback("on_fit_epoch_end", lambda t: seen.update({n: hasattr(t, n) for n in CALLBACK_NAMES}))
+    model.train(**tiny)
+    return model.trainer, seen
+
+
+@pytest.mark.slow
+def test_every_name_callbacks_read_is_on_the_trainer(trained):
+    trainer, seen = trained
+    missing_during = [n for n, ok in seen.items() if not ok]
+    missing_after = [n for n in CALLBACK_NAMES if not hasattr(trainer, n)]
+    assert not missing_during and not missing_after, (missing_during, missing_after)
+    assert isinstance(trainer.state, RunState)
+    assert trainer.epoch == trainer.state.progress.epoch == 0 and trainer.epochs == 1
+    assert trainer.metrics is trainer.state.metrics.values and "fitness" in trainer.metrics
+    assert trainer.best.name == "best.pt" and trainer.last.name == "last.pt" and trainer.best.parent == trainer.wdir
+    assert trainer.stop is False and trainer.stop_reason == ""
+    assert set(trainer.lr) == {f"lr/pg{i}" for i in range(len(trainer.optimizer.param_groups))}
+
+
+def test_run_state_fields_are_few_and_typed():
+    from dataclasses import fields
+
+    state = RunState()
+    groups = [getattr(state, f.name) for f in fields(state)]
+    assert sum(len(fields(g)) for g in groups) <= 25
+    assert all(f.type for g in groups for f in fields(g))
+
+
+@pytest.mark.slow
+def test_stop_set_by_a_callback_stops_the_run(tiny):
+    model = YOLO("yolox-nano.yaml")
+    batches = []
+
+    def stop_after_two(trainer):
+        batches.append(trainer.batch_i)
+        if len(batches) == 2:
+            trainer.stop = True
+
+    model.add_callback("on_train_batch_end", stop_after_two)
+    model.train(**{**tiny, "epochs": 3})
+    trainer = model.trainer
+    assert len(batches) == 2 and trainer.epoch == 0 and trainer.stop is True
+    assert trainer.state.stop.flag is True and trainer.stop_cause == StopCause.CALLBACK
+
+
+def test_the_names_write_the_run_state():
+    from yolo_cb.config import get_config
+    from yolo_cb.engine.trainer import Trainer
+
+    trainer = Trainer(get_config({"epochs": 3}))
+    assert trainer.epochs == trainer.state.progress.epochs == 3 and trainer.completed_epoch == -1
+    trainer.epoch, trainer.best_fitness, trainer.metrics = 2, 0.5, {"fitness": 0.5}
+    trainer.stop, trainer.stop_reason = True, "enough"
+    state = trainer.state
+    assert (state.progress.epoch, state.best.fitness, state.metrics.values) == (2, 0.5, {"fitness": 0.5})
+    assert state.stop.flag is True and state.stop.reason == "enough"
+    trainer.request_stop(StopCause.TARGET, "later")  # the first stop kept its (missing) cause: this one fills it in
+    assert state.stop.cause == StopCause.TARGET and trainer.stop_reason == "later"

@@ -1,0 +1,113 @@
+"""What a checkpoint holds (`checkpoint_dict`), last.pt after an error or a signal, and best.pt validated at the end.
+
+The checkpoint callback (yolo_cb/callbacks/builtin.py) decides when to write; this module says what is written.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from yolo_cb.engine import resume, resume_state
+from yolo_cb.engine.checkpoint import model_from_checkpoint, rng_states, save_checkpoint, strip_optimizer
+from yolo_cb.engine.ema import unwrap
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.log import LOGGER
+
+
+class Checkpointer:
+    """Builds checkpoints from a trainer; keeps the dataset's fingerprint and, under DDP, every rank's RNG states."""
+
+    def __init__(self):
+        self.rank_rng: list | None = None  # under DDP: every rank's RNG states, gathered on rank 0 just before a checkpoint
+        self.fingerprint: dict | None = None
+
+    def data_fingerprint(self, data: dict) -> dict | None:
+        if self.fingerprint is None and data:
+            self.fingerprint = resume.dataset_fingerprint(data)
+        return self.fingerprint
+
+    def gather_rank_rng(self, trainer) -> None:
+        """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""
+        if trainer.world_size > 1:
+            self.rank_rng = distributed.gather_object(rng_states())
+
+    def checkpoint_dict(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> dict:
+        """Trainer.checkpoint_dict: the plain-data checkpoint (see DESIGN.md)."""
+        from yolo_cb.version import __version__
+
+        p, step, ema = trainer.state.progress, trainer.step, trainer.ema
+        epoch = p.completed_epoch if epoch is None else epoch
+        batches_done = (p.batches_done if p.completed_epoch < p.epoch else 0) if batches_done is None else batches_done
+        return {
+            "model": {k: v.detach().clone() for k, v in unwrap(trainer.model).state_dict().items()},
+            "ema": {k: v.detach().clone() for k, v in ema.ema.state_dict().items()} if ema else None,
+            "ema_updates": ema.updates if ema else 0,
+            "last_opt_step": step.last_opt_step,
+            "optimizer": trainer.optimizer.state_dict(),
+            "scaler": step.scaler.state_dict() if step.scaler.is_enabled() else None,
+            "epoch": epoch,
+            "epochs": p.epochs,
+            "best_fitness": trainer.best_fitness,
+            "best_epoch": trainer.best_epoch,
+            # these weights are best.pt's (written just before it): on resume they restore a best.pt a kill left behind
+            "last_is_best": trainer.best_epoch is not None and trainer.best_epoch == epoch and not p.stepped,
+            "finished": False,  # set when the run ends (strip_optimizer): a finished run is not resumed
+            "save_dir": str(Path(trainer.save_dir).resolve()) if trainer.save_dir else None,  # resume verifies it
+            "data_fingerprint": trainer.data_fingerprint(),
+            "fitness": trainer.fitness,
+            "train_args": trainer.args.as_dict(),
+            "model_cfg": dict(trainer.model_cfg),
+            "names": {int(k): str(v) for k, v in trainer.data["names"].items()},
+            "callbacks": trainer.callbacks.state_dict(),
+            "rng": rng_states(),
+            "rank_rng": self.rank_rng if trainer.world_size > 1 else None,
+            "epoch_batches": batches_done,
+            "world_size": trainer.world_size,
+            "optimizer_steps": p.optimizer_steps,
+            "tloss": trainer.tloss.tolist() if batches_done and trainer.tloss is not None else None,
+            "grads": resume_state.partial_grads(trainer.model) if batches_done else None,
+            "use_l1": bool(getattr(trainer.criterion, "use_l1", False)),
+            "metrics": {k: float(v) for k, v in trainer.metrics.items()},
+            "metrics_epoch": trainer.metrics_epoch,
+            "monitor_value": trainer.monitor_value,
+            "version": __version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def save_on_error(self, trainer) -> None:
+        """On an exception or signal: save last.pt with the current weights (epoch = last completed one).
+
+        After a signal every rank agreed on, the loop stopped after a whole batch: the save records that batch, and a resume
+        continues exactly there. Under DDP nothing else is saved: after a failure (a rank killed, a collective broken) the
+        ranks are no longer in step, so last.pt keeps the last checkpoint they all reached."""
+        p, agreed = trainer.state.progress, trainer.signals.agreed
+        if not (trainer.setup_done and trainer.is_main and trainer.args.save) or p.loop_done:
+            return  # after the last epoch, last.pt is already the final checkpoint
+        if trainer.world_size > 1 and not agreed:
+            LOGGER.warning(f"WARNING not saving last.pt after {type(trainer.exception).__name__}: the ranks are no longer in step; "
+                           f"it keeps the last checkpoint every rank reached")
+            return
+        batches = p.batches_done if agreed and p.completed_epoch < p.epoch else 0
+        last = trainer.wdir / "last.pt"
+        try:
+            save_checkpoint(trainer.checkpoint_dict(epoch=p.completed_epoch, batches_done=batches), last)
+            LOGGER.info(f"saved {last} (resume with: yolo-cb train resume={last})")
+        except Exception as error:  # the original error matters more than this one
+            LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
+
+    @staticmethod
+    def validate_best(trainer) -> None:
+        """Strip the optimizer from finished checkpoints; validate best.pt (firing on_val_*) into trainer.metrics."""
+        best, last = trainer.wdir / "best.pt", trainer.wdir / "last.pt"
+        cause = trainer.stop_cause
+        if trainer.completed_epoch + 1 >= trainer.epochs or (cause is not None and cause.finishes_run):
+            for path in (last, best):
+                if path.is_file():
+                    strip_optimizer(path, finished=True)
+        if best.is_file() and trainer.args.val:
+            LOGGER.info(f"validating {best}")
+            trainer.validator.plot = True
+            model = model_from_checkpoint(best).to(trainer.device)
+            trainer.metrics, trainer.metrics_epoch = dict(trainer.validator(model=model)), trainer.best_epoch  # best.pt's epoch
+            trainer.validator.plot = False

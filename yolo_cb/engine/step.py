@@ -1,0 +1,123 @@
+"""One training batch: forward under AMP, the non-finite guard, backward, accumulation, clipping, the optimizer step, EMA.
+
+`BatchStep` holds what the step needs between batches (the scaler, the accumulation, the warmup length) and the current
+batch's values callbacks read (`trainer.batch`, `trainer.loss`, ...: properties of the Trainer over these attributes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.log import LOGGER
+
+MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/inf for too many batches in a row."""
+
+
+class BatchStep:
+    """Forward, backward and the optimizer step of one batch, with what they carry from batch to batch."""
+
+    def __init__(self, imgsz: int):
+        self.batch = None  # the current batch (the loader's dict)
+        self.loss = None  # its total loss (a tensor with its graph, until backward)
+        self.batch_instances = 0  # boxes in the current batch
+        self.batch_size_px = imgsz  # its image size
+        self.scaler = torch.amp.GradScaler("cuda", enabled=False)
+        self.amp_dtype, self.use_amp = torch.float16, False
+        self.global_batch = 0  # images per optimizer step over all ranks, before accumulation
+        self.accumulate = 1  # batches per optimizer step
+        self.last_opt_step = -1  # the batch index (over the run) of the last optimizer step
+        self.warmup_iters = -1  # batches of warmup (-1: none)
+        self.warmup_bias_lr = 0.0
+        self.optimizer_name, self.momentum = "", 0.0
+        self.nonfinite_in_a_row = 0
+
+    def build_optimizer(self, args, model: torch.nn.Module, device: torch.device, world_size: int, num_batches: int,
+                        dataset_size: int, epochs: int) -> torch.optim.Optimizer:
+        """The optimizer, with the accumulation, weight decay, warmup and AMP that follow from the settings."""
+        self.global_batch = args.batch * world_size  # `batch` is per process under DDP
+        self.accumulate = max(round(args.nbs / self.global_batch), 1)
+        weight_decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
+        iterations = math.ceil(dataset_size / max(args.batch, args.nbs)) * epochs
+        name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
+        self.optimizer_name, self.momentum = name, momentum
+        optimizer = build_optimizer(model, name, lr, momentum, weight_decay)
+        self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
+        # Adam-family optimizers diverge with SGD's large warmup bias lr: never start the bias above lr
+        self.warmup_bias_lr = args.warmup_bias_lr if name == "SGD" else min(args.warmup_bias_lr, lr)
+        use_amp = bool(args.amp) and device.type == "cuda"
+        self.amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+        self.use_amp = use_amp
+        self.scaler = torch.amp.GradScaler("cuda", enabled=use_amp and self.amp_dtype == torch.float16)
+        self.last_opt_step = -1
+        return optimizer
+
+    def run(self, trainer) -> None:
+        """Train on trainer.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
+        trainer.run_callbacks("on_train_batch_start")
+        args, device = trainer.args, trainer.device
+        ni = trainer.batch_i + trainer.num_batches * trainer.epoch
+        self.warmup_accumulate(ni, args.nbs)
+        images = self.batch["img"].to(device, non_blocking=True).float() / 255
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        targets = self.batch["targets"].to(device)
+        self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
+        with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            loss_dict = trainer.model(images, targets)
+        self.loss = loss_dict["total"]
+        trainer.loss_items = torch.stack([loss_dict[name] for name in trainer.criterion.loss_names]).detach().float().cpu()
+        trainer.run_callbacks("on_train_batch_loss_end")
+        if distributed.any_rank(not torch.isfinite(self.loss).item(), trainer.flag_device):
+            self.skip_nonfinite(trainer)
+            return
+        self.nonfinite_in_a_row = 0
+        losses, i = trainer.state.losses, trainer.batch_i
+        losses.tloss = losses.loss_items if losses.tloss is None else (losses.tloss * i + losses.loss_items) / (i + 1)
+        # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
+        # DDP averages gradients over ranks; * world_size makes that a sum over the global batch
+        self.scaler.scale(self.loss * self.global_batch / args.nbs).backward()
+        trainer.run_callbacks("on_after_backward")
+        if ni - self.last_opt_step >= self.accumulate:
+            self.optimizer_step(trainer)
+            self.last_opt_step = ni
+
+    def skip_nonfinite(self, trainer) -> None:
+        self.nonfinite_in_a_row += 1
+        LOGGER.warning(f"WARNING non-finite loss {self.loss.item()} at epoch {trainer.epoch + 1} batch {trainer.batch_i}: step skipped "
+                       f"({self.nonfinite_in_a_row}/{MAX_NONFINITE_IN_A_ROW} in a row)")
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            raise NonFiniteLossError(f"the loss was NaN/inf for {self.nonfinite_in_a_row} batches in a row (epoch {trainer.epoch + 1}, "
+                                     f"batch {trainer.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
+
+    def optimizer_step(self, trainer) -> None:
+        optimizer = trainer.optimizer
+        self.scaler.unscale_(optimizer)
+        trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
+        if trainer.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.args.grad_clip)
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        progress = trainer.state.progress
+        progress.stepped = True
+        progress.optimizer_steps += 1
+        trainer.run_callbacks("optimizer_step")
+        trainer.run_callbacks("on_before_zero_grad")
+        optimizer.zero_grad(set_to_none=True)
+        if trainer.ema is not None:
+            trainer.ema.update(trainer.model)
+
+    def warmup_accumulate(self, ni: int, nbs: int) -> None:
+        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the lr_schedule callback's."""
+        if ni > self.warmup_iters:
+            return
+        self.accumulate = max(1, int(np.interp(ni, [0, self.warmup_iters], [1, nbs / self.global_batch]).round()))
