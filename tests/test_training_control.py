@@ -196,8 +196,8 @@ def test_bad_training_control_settings_on_the_cli_are_one_line(tmp_path, shapes_
 
 def test_yolox_loss_settings_are_refused_for_a_model_that_does_not_read_them():
     from yolo_cb.engine.trainer import refuse_unread_loss_settings
-    from yolo_cb.nn.loss import YOLOXLoss
-    from yolo_cb.nn.yolocb_loss import YOLOCBLoss
+    from yolo_cb.nn.yolocb.loss import YOLOCBLoss
+    from yolo_cb.nn.yolox.loss import YOLOXLoss
 
     yolocb, yolox = YOLOCBLoss(nc=4, reg_max=16), YOLOXLoss(nc=4)
     refuse_unread_loss_settings(get_config({}), yolocb)  # the defaults pass

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from yolo_cb.errors import CheckpointError, os_reason
-from yolo_cb.nn import build_model, megvii
+from yolo_cb.nn import build_model
+from yolo_cb.nn.yolox import megvii
 from yolo_cb.utils.files import atomic_write_bytes
 
 

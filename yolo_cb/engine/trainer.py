@@ -385,7 +385,7 @@ class Trainer:
     def _load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
         """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
         YOLOX's prior bias). Returns the number of tensors transferred."""
-        from yolo_cb.nn.head import PRIOR_PROB
+        from yolo_cb.nn.yolox.head import PRIOR_PROB
 
         source = ckpt.get("ema") or ckpt["model"]
         own = model.state_dict()

@@ -11,8 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .tal_assigner import TaskAlignedAssigner, pad_targets
-from .yolocb_head import boxes_to_distances, dfl_expectation, distances_to_boxes
+from .assigner import TaskAlignedAssigner, pad_targets
+from .head import boxes_to_distances, dfl_expectation, distances_to_boxes
 
 BOX_GAIN = 7.5  # weight of the CIoU term
 CLS_GAIN = 0.5  # weight of the classification BCE term

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .blocks import ConvBNAct
-from .summary import log_summary
-from .yolocb_backbone import PANNeck, SplitCSPBackbone
-from .yolocb_head import REG_MAX, STRIDES, DistributionHead
-from .yolocb_loss import YOLOCBLoss
+from ..blocks import ConvBNAct
+from ..summary import log_summary
+from .backbone import PANNeck, SplitCSPBackbone
+from .head import REG_MAX, STRIDES, DistributionHead
+from .loss import YOLOCBLoss
 
 FAMILY = "yolocb"  # the `family:` value of a model YAML that builds this detector
 MAX_CHANNELS = 1024  # default cap on any layer's channels before the width multiplier
