@@ -9,6 +9,7 @@ import yaml
 
 from ..errors import ConfigError, load_yaml, short_repr
 from ..paths import MODELS_DIR, find_model_cfg
+from .detector import Detector
 from .summary import log_summary
 from .yolocb.model import FAMILY as YOLOCB_FAMILY
 from .yolocb.model import YOLOCB, parse_yolocb_cfg
@@ -67,7 +68,7 @@ def _same_arch(a: dict, b: dict) -> bool:
         return False
 
 
-def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> YOLOX | YOLOCB:
+def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> Detector:
     """A freshly initialised detector from `cfg` (path, bundled name like 'yolox-nano' or 'yolocb-n', or dict), with `nc`
     classes: a YOLOX, or a YOLOCB when the config says `family: yolocb`.
 
