@@ -31,6 +31,7 @@ from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers
 from yolo_cb.engine.monitor import Monitor
 from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
 from yolo_cb.engine.stop import StopCause
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.files import run_dir
@@ -374,11 +375,9 @@ class Trainer:
         if self.args.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.frozen = freeze_layers(unwrap(self.model), self.args.freeze)  # before the optimizer: frozen tensors get no group
-        self.criterion = unwrap(self.model).criterion
+        # the loss is built from the loss settings (each family's reads those in its reads_settings; L1 starts off)
+        self.criterion = unwrap(self.model).build_loss({key: getattr(self.args, key) for key in LOSS_SETTINGS})
         self.loss_names = tuple(f"{name}_loss" for name in self.criterion.loss_names)
-        if hasattr(self.criterion, "use_l1"):  # YOLOX losses only; the YOLOX stage switch turns it on
-            self.criterion.use_l1 = False
-            self.criterion.box_weight, self.criterion.loss_type = self.args.box, self.args.iou_type
         refuse_unread_loss_settings(self.args, self.criterion)
 
     @staticmethod
@@ -609,7 +608,7 @@ class Trainer:
             "optimizer_steps": self.optimizer_steps,
             "tloss": self.tloss.tolist() if batches_done and self.tloss is not None else None,
             "grads": resume_state.partial_grads(self.model) if batches_done else None,
-            "use_l1": bool(getattr(self.criterion, "use_l1", False)),
+            "use_l1": isinstance(self.criterion, YOLOXLoss) and self.criterion.use_l1,
             "metrics": {k: float(v) for k, v in self.metrics.items()},
             "metrics_epoch": self.metrics_epoch,
             "monitor_value": self.monitor_value,
