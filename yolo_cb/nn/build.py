@@ -16,7 +16,8 @@ from .yolocb.model import YOLOCB, parse_yolocb_cfg
 from .yolox.model import FAMILY as YOLOX_FAMILY
 from .yolox.model import YOLOX, parse_yolox_cfg
 
-FAMILIES = {YOLOX_FAMILY: "YOLOX", YOLOCB_FAMILY: "YOLOCB"}  # `family:` value -> display-name prefix
+DETECTORS: dict[str, type[Detector]] = {cls.family: cls for cls in (YOLOX, YOLOCB)}  # `family:` value -> its detector
+FAMILIES = {family: cls.__name__ for family, cls in DETECTORS.items()}  # `family:` value -> display-name prefix
 
 
 def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
@@ -76,10 +77,7 @@ def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: in
     """
     arch, name = load_model_cfg(cfg)
     arch.pop("nc", None)
-    if arch.pop("family", None) == YOLOCB_FAMILY:
-        model = YOLOCB(nc=nc, name=name, **arch)
-    else:
-        model = YOLOX(nc=nc, name=name, **arch)
+    model = DETECTORS[arch.pop("family", YOLOX_FAMILY)](nc=nc, name=name, **arch)  # a YOLOX arch has no family key
     if verbose:
         log_summary(model, imgsz)
     return model
