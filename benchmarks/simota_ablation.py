@@ -4,7 +4,7 @@
                                          [--out runs/bench/simota_ablation.json] [--report-only]
 
 Trains YOLOX-nano from scratch on ../shared/datasets/shapes with one fixed recipe (RECIPE below), once per variant and
-seed, validating every epoch. A variant sets switches of the YOLOXLoss criterion (see yolo_cb/nn/loss.py, ASSIGNERS)
+seed, validating every epoch. A variant sets switches of the YOLOXLoss criterion (see yolo_cb/nn/yolox/loss.py, ASSIGNERS)
 from an `on_pretrain_routine_end` callback, i.e. after the model (and its criterion) is built and before the first
 batch; the switches the criterion actually trained with are recorded per run. Variants:
 
@@ -43,7 +43,7 @@ RECIPE = dict(imgsz=256, epochs=8, batch=16, nbs=16, optimizer="AdamW", lr0=0.00
               no_aug_epochs=2, val=True, val_period=1, mlflow=False, tensorboard=False, onnx_check=False, plots=False,
               exist_ok=True)
 
-# Megvii's value of each switch (yolo_cb.nn.loss.ASSIGNERS["megvii"], repeated here so that a variant's meaning is fixed
+# Megvii's value of each switch (yolo_cb.nn.yolox.loss.ASSIGNERS["megvii"], repeated here so that a variant's meaning is fixed
 # even if the presets change; the worker checks them against the presets and says so when they differ).
 MEGVII = {"center_radius": 1.5, "box_prior": False, "outside_penalty": 1e6, "neither_penalty": False,
           "rescue_unmatched": False, "max_log_wh": None}
@@ -57,7 +57,7 @@ def worker(variant: str, seed: int, epochs: int, result_path: Path) -> None:
 
     torch.set_num_threads(1)
     from yolo_cb import YOLO
-    from yolo_cb.nn.loss import ASSIGNERS
+    from yolo_cb.nn.yolox.loss import ASSIGNERS
 
     if ASSIGNERS["megvii"] != MEGVII:
         print(f"[simota_ablation] WARNING: loss.ASSIGNERS['megvii'] {ASSIGNERS['megvii']} != this script's {MEGVII}",

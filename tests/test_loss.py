@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from yolo_cb.nn.loss import YOLOXLoss, paired_iou
+from yolo_cb.nn.yolox.loss import YOLOXLoss, paired_iou
 
 NC = 3
 STRIDES = (8, 16, 32)
@@ -198,11 +198,11 @@ def test_loss_under_autocast_is_float32():
     check_finite(out)
 
 
-# --- SimOTA presets and switches (yolo_cb.nn.loss.ASSIGNERS); parity with Megvii itself is tests/test_loss_parity.py ---
+# --- SimOTA presets and switches (yolo_cb.nn.yolox.loss.ASSIGNERS); parity with Megvii itself is tests/test_loss_parity.py ---
 
 
 def test_assigner_presets_and_switches():
-    from yolo_cb.nn.loss import ASSIGNERS
+    from yolo_cb.nn.yolox.loss import ASSIGNERS
 
     assert YOLOXLoss(NC).switches() == ASSIGNERS["yolo-cb"]
     assert YOLOXLoss(NC, assigner="megvii").switches() == ASSIGNERS["megvii"]

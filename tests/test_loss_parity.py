@@ -1,7 +1,7 @@
 """Loss parity with Megvii's YOLOX: with Megvii's YOLOX-nano weights and the input and boxes they computed their losses
 on, YOLOXLoss(assigner="megvii") reproduces their foreground count and IoU, objectness and classification losses, and
 their L1 loss up to a choice between exactly tied cells; our default assigner does not (its departures are the switches
-documented at yolo_cb.nn.loss.ASSIGNERS).
+documented at yolo_cb.nn.yolox.loss.ASSIGNERS).
 
 The reference, yolox_nano_loss.pt (in ../shared/golden/yolox, or $YOLO_CB_GOLDEN_DIR), holds: `input` (2, 3, 416, 416),
 raw 0-255 pixels as Megvii's model takes them; `targets` (2, 50, 5) rows [class, cx, cy, w, h] in input pixels, padded
@@ -33,7 +33,7 @@ import pytest
 import torch
 from shared_data import GOLDEN_DIR
 
-from yolo_cb.nn.loss import ASSIGNERS, YOLOXLoss
+from yolo_cb.nn.yolox.loss import ASSIGNERS, YOLOXLoss
 
 LOSS_FILE = GOLDEN_DIR / "yolox_nano_loss.pt"
 WEIGHTS_FILE = GOLDEN_DIR / "yolox_nano_megvii.pth"
@@ -53,7 +53,7 @@ def close(ours: float, ref: float) -> bool:
 def golden():
     """(preds, grid, strides, targets, reference, num_boxes): float64 head outputs of Megvii's YOLOX-nano weights on the
     reference input, and the reference boxes as our (N, 6) [image_index, class, cx, cy, w, h] rows."""
-    from yolo_cb.nn.model import build_model
+    from yolo_cb.nn.build import build_model
 
     ref = torch.load(LOSS_FILE, map_location="cpu", weights_only=True)
     state = torch.load(WEIGHTS_FILE, map_location="cpu", weights_only=True)["model"]

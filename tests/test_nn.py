@@ -9,7 +9,9 @@ import logging
 import pytest
 import torch
 
-from yolo_cb.nn import YOLOX, build_model, model_info, postprocess, scale_boxes
+from yolo_cb.nn import YOLOX, Detector, build_model, model_info, postprocess, scale_boxes
+from yolo_cb.nn.yolocb.loss import YOLOCBLoss
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 
 # name -> (params in millions at nc=80, GFLOPs, imgsz at which YOLOX reports them)
 REFERENCE = {
@@ -182,3 +184,19 @@ def test_scale_boxes_undoes_letterbox():
     assert torch.allclose(out[0], torch.tensor([10.0, 20, 30, 40, 0.9, 2]))
     assert torch.allclose(out[1, :4], torch.tensor([0.0, 0, 100, 200]))
     assert boxes[0, 0] == 96  # input untouched
+
+
+def test_both_families_are_detectors_that_build_their_loss_from_settings():
+    yolox, yolocb = build_model("yolox-nano", nc=3, verbose=False), build_model("yolocb-n", nc=3, verbose=False)
+    assert isinstance(yolox, Detector) and isinstance(yolocb, Detector)
+    assert (yolox.family, yolocb.family) == ("yolox", "yolocb") and yolox.strides == yolocb.strides == (8, 16, 32)
+    keys = list(yolox.state_dict())
+    loss = yolox.build_loss({"box": 2.0, "iou_type": "giou"})
+    assert yolox.criterion is loss and isinstance(loss, YOLOXLoss)
+    assert (loss.box_weight, loss.loss_type, loss.use_l1) == (2.0, "giou", False)
+    loss.set_l1(True)
+    assert loss.use_l1 is True
+    assert list(yolox.state_dict()) == keys  # a new loss changes no parameter name
+    assert isinstance(yolocb.build_loss({"box": 5.0, "iou_type": "iou"}), YOLOCBLoss) and yolocb.criterion.reads_settings == ()
+    with pytest.raises(TypeError, match="abstract"):
+        Detector({"nc": 1}, "incomplete")

@@ -194,10 +194,24 @@ def test_bad_training_control_settings_on_the_cli_are_one_line(tmp_path, shapes_
     assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
 
 
+def test_the_trainer_builds_the_loss_from_the_loss_settings(tmp_path):
+    from yolo_cb.engine.trainer import Trainer
+
+    trainer = Trainer(get_config({"model": "yolox-nano.yaml", "box": 2.5, "iou_type": "giou", "project": str(tmp_path)}))
+    trainer.data = {"nc": 2, "names": {0: "a", 1: "b"}}
+    trainer._build_model()
+    criterion = trainer.criterion
+    assert criterion is trainer.model.criterion and (criterion.box_weight, criterion.loss_type, criterion.use_l1) == (2.5, "giou", False)
+    trainer = Trainer(get_config({"model": "yolocb-n.yaml", "box": 2.5, "project": str(tmp_path)}))
+    trainer.data = {"nc": 2, "names": {0: "a", 1: "b"}}
+    with pytest.raises(ConfigError, match="'box'.*YOLOCBLoss"):
+        trainer._build_model()
+
+
 def test_yolox_loss_settings_are_refused_for_a_model_that_does_not_read_them():
     from yolo_cb.engine.trainer import refuse_unread_loss_settings
-    from yolo_cb.nn.loss import YOLOXLoss
-    from yolo_cb.nn.yolocb_loss import YOLOCBLoss
+    from yolo_cb.nn.yolocb.loss import YOLOCBLoss
+    from yolo_cb.nn.yolox.loss import YOLOXLoss
 
     yolocb, yolox = YOLOCBLoss(nc=4, reg_max=16), YOLOXLoss(nc=4)
     refuse_unread_loss_settings(get_config({}), yolocb)  # the defaults pass

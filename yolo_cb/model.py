@@ -307,7 +307,7 @@ def fresh_train_args(overrides: dict[str, Any], source: Any):
         source = args.model = str(resolved)
     args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
     if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
-        from yolo_cb.nn.model import load_model_cfg
+        from yolo_cb.nn.build import load_model_cfg
 
         load_model_cfg(source)
     return args, source

@@ -21,7 +21,7 @@ from typing import Any
 from yolo_cb.data.download import _fetch
 from yolo_cb.engine.checkpoint import save_checkpoint
 from yolo_cb.errors import CheckpointError
-from yolo_cb.nn import megvii
+from yolo_cb.nn.yolox import megvii
 from yolo_cb.utils.files import atomic_write_bytes, write_error
 from yolo_cb.utils.log import LOGGER
 

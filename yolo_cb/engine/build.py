@@ -96,18 +96,16 @@ def build_model(trainer) -> None:
 
 
 def configure_criterion(args: Config, parts: Parts) -> None:
-    parts.criterion = criterion = unwrap(parts.model).criterion
+    """The loss built from the loss settings (each family takes those in its reads_settings; YOLOX's L1 starts off)."""
+    parts.criterion = criterion = unwrap(parts.model).build_loss({key: getattr(args, key) for key in LOSS_SETTINGS})
     parts.loss_names = tuple(f"{name}_loss" for name in criterion.loss_names)
-    if hasattr(criterion, "use_l1"):  # YOLOX losses only; the YOLOX stage switch turns it on
-        criterion.use_l1 = False
-        criterion.box_weight, criterion.loss_type = args.box, args.iou_type
     refuse_unread_loss_settings(args, criterion)
 
 
 def load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
     """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
     YOLOX's prior bias). Returns the number of tensors transferred."""
-    from yolo_cb.nn.head import PRIOR_PROB
+    from yolo_cb.nn.yolox.head import PRIOR_PROB
 
     source = ckpt.get("ema") or ckpt["model"]
     own = model.state_dict()

@@ -22,7 +22,7 @@ import torch
 
 from yolo_cb import nn as detectors  # build_model read at call time (tests wrap it)
 from yolo_cb.errors import CheckpointError, os_reason
-from yolo_cb.nn import megvii
+from yolo_cb.nn.yolox import megvii
 from yolo_cb.utils.files import atomic_write_bytes
 
 

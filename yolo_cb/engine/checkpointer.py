@@ -11,6 +11,7 @@ from pathlib import Path
 from yolo_cb.engine import resume, resume_state
 from yolo_cb.engine.checkpoint import model_from_checkpoint, rng_states, save_checkpoint, strip_optimizer
 from yolo_cb.engine.ema import unwrap
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -67,7 +68,7 @@ class Checkpointer:
             "optimizer_steps": p.optimizer_steps,
             "tloss": trainer.tloss.tolist() if batches_done and trainer.tloss is not None else None,
             "grads": resume_state.partial_grads(trainer.model) if batches_done else None,
-            "use_l1": bool(getattr(trainer.criterion, "use_l1", False)),
+            "use_l1": isinstance(trainer.criterion, YOLOXLoss) and trainer.criterion.use_l1,
             "metrics": {k: float(v) for k, v in trainer.metrics.items()},
             "metrics_epoch": trainer.metrics_epoch,
             "monitor_value": trainer.monitor_value,

@@ -229,7 +229,7 @@ def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
         if Path(str(model)).expanduser().resolve() not in own:
             raise refuse
         return
-    from yolo_cb.nn.model import load_model_cfg
+    from yolo_cb.nn.build import load_model_cfg
 
     arch, _ = load_model_cfg(str(model))
     stored = ckpt.get("model_cfg") or {}

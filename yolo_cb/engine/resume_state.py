@@ -15,6 +15,7 @@ import torch
 from yolo_cb.engine.checkpoint import checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.resume import check_same_dataset
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -92,8 +93,8 @@ def load_state(trainer, ckpt: dict) -> None:
     trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.get("best_fitness"), ckpt.get("best_epoch"), ckpt.get("fitness")
     trainer.metrics = dict(ckpt.get("metrics") or {})
     trainer.metrics_epoch, trainer.monitor_value = ckpt.get("metrics_epoch"), ckpt.get("monitor_value")
-    if hasattr(trainer.criterion, "use_l1"):
-        trainer.criterion.use_l1 = bool(ckpt.get("use_l1", False))
+    if isinstance(trainer.criterion, YOLOXLoss):
+        trainer.criterion.set_l1(bool(ckpt.get("use_l1", False)))
     trainer.last_opt_step = int(ckpt.get("last_opt_step", trainer.start_epoch * trainer.num_batches - 1))
     trainer.callbacks.load_state_dict(ckpt.get("callbacks") or {})
     restore_rng(ckpt, trainer.world_size, trainer.rank)

@@ -9,7 +9,7 @@ At on_train_epoch_start of every epoch with
 trainer.epoch >= S — before the epoch's loader iterator exists — the switch is applied once per process:
 
     train_loader.close_mosaic()        # dataset transforms closed; persistent workers restarted so they see it
-    criterion.use_l1 = True            # (and the EMA model's criterion, for the val/l1_loss figure)
+    criterion.set_l1(True)             # YOLOX losses (and the EMA model's, for the val/l1_loss figure)
     trainer.validate_every_epoch = True
 
 The `>=` test (not `==`) re-applies the switch in a training resumed after it; state_dict() {switched, epoch} is
@@ -19,6 +19,7 @@ stored in checkpoints for the log line and idempotence. See docs/integrations.md
 from __future__ import annotations
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils.log import LOGGER
 
 
@@ -63,7 +64,7 @@ class StageSwitch:
         if not resumed:
             self.switched, self.epoch = True, trainer.epoch
         if trainer.is_main:
-            l1 = "L1 loss on, " if hasattr(trainer.criterion, "use_l1") else ""
+            l1 = "L1 loss on, " if isinstance(trainer.criterion, YOLOXLoss) else ""
             what = f"mosaic and mixup off, {l1}validating every epoch"
             if resumed:
                 LOGGER.info(f"YOLOX stage switch (from epoch {(self.epoch or 0) + 1}) re-applied on resume at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
@@ -81,10 +82,9 @@ class StageSwitch:
 
     def apply(self, trainer) -> None:
         trainer.train_loader.close_mosaic()
-        if hasattr(trainer.criterion, "use_l1"):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
-            trainer.criterion.use_l1 = True
         ema = getattr(trainer, "ema", None)
-        if ema is not None and hasattr(getattr(getattr(ema, "ema", None), "criterion", None), "use_l1"):
-            ema.ema.criterion.use_l1 = True
+        for criterion in (trainer.criterion, getattr(getattr(ema, "ema", None), "criterion", None)):  # the EMA's: val/l1_loss
+            if isinstance(criterion, YOLOXLoss):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
+                criterion.set_l1(True)
         trainer.validate_every_epoch = True
         self.applied = True

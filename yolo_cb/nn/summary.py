@@ -7,7 +7,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
-from .loss import YOLOXLoss
+from .yolox.loss import YOLOXLoss
 
 
 def count_layers(model: nn.Module) -> int:

@@ -7,12 +7,14 @@ the box terms of each foreground cell are weighted by its target score.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .tal_assigner import TaskAlignedAssigner, pad_targets
-from .yolocb_head import boxes_to_distances, dfl_expectation, distances_to_boxes
+from .assigner import TaskAlignedAssigner, pad_targets
+from .head import boxes_to_distances, dfl_expectation, distances_to_boxes
 
 BOX_GAIN = 7.5  # weight of the CIoU term
 CLS_GAIN = 0.5  # weight of the classification BCE term
@@ -67,6 +69,12 @@ class YOLOCBLoss:
         self.nc, self.reg_max = int(nc), int(reg_max)
         self.box_gain, self.cls_gain, self.dfl_gain = float(box_gain), float(cls_gain), float(dfl_gain)
         self.assigner = TaskAlignedAssigner()
+
+    @classmethod
+    def from_settings(cls, nc: int, reg_max: int, settings: Mapping[str, Any] | None = None) -> YOLOCBLoss:
+        """The loss for training `settings`: it reads none of them (`reads_settings` is empty; the trainer refuses a
+        changed box= or iou_type= for this loss), so this is YOLOCBLoss(nc, reg_max)."""
+        return cls(nc, reg_max)
 
     def __call__(self, dist: torch.Tensor, cls_logits: torch.Tensor, centers: torch.Tensor, strides: torch.Tensor, targets: torch.Tensor) -> dict:
         """dist: distance-bin logits (B, A, 4, reg_max); cls_logits (B, A, nc); centers: cell centres (A, 2) in stride units;

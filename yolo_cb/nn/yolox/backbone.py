@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .blocks import ConvBNAct, CSPLayer, Focus, SPPBottleneck, conv3x3
+from ..blocks import ConvBNAct, CSPLayer, Focus, SPPBottleneck, conv3x3
 
 # Channels of the three feature maps fed to the head (strides 8, 16, 32) at width multiplier 1.0.
 FEATURE_CHANNELS = (256, 512, 1024)

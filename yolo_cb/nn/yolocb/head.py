@@ -12,8 +12,8 @@ import math
 import torch
 from torch import nn
 
-from .blocks import ConvBNAct
-from .head import cell_grid, flatten_levels
+from ..blocks import ConvBNAct
+from ..grid import cell_grid, flatten_levels
 
 STRIDES = (8, 16, 32)  # downsampling factor of the P3, P4 and P5 feature maps
 REG_MAX = 16  # bins per box side: distances 0 .. REG_MAX - 1 strides can be represented

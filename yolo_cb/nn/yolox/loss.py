@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +149,18 @@ class YOLOXLoss(nn.Module):
         self.neither_penalty: bool = bool(settings["neither_penalty"])
         self.rescue_unmatched: bool = bool(settings["rescue_unmatched"])
         self.max_log_wh: float | None = None if settings["max_log_wh"] is None else float(settings["max_log_wh"])
+
+    @classmethod
+    def from_settings(cls, nc: int, settings: Mapping[str, Any] | None = None, **kwargs) -> YOLOXLoss:
+        """A loss configured by the training settings it reads (`reads_settings`: box -> box_weight, iou_type -> loss_type),
+        the defaults for those absent; other keys are not read (the trainer refuses a changed loss setting that the
+        model's loss does not read). kwargs: any other constructor argument (assigner, switches)."""
+        settings = settings or {}
+        return cls(nc, box_weight=float(settings.get("box", BOX_WEIGHT)), loss_type=str(settings.get("iou_type", "iou")), **kwargs)
+
+    def set_l1(self, on: bool = True) -> None:
+        """Turn the L1 term on or off (YOLOX's stage switch turns it on for the last, no-augmentation epochs)."""
+        self.use_l1 = bool(on)
 
     def switches(self) -> dict:
         """The current value of every SimOTA switch (see ASSIGNERS)."""

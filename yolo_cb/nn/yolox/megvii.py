@@ -23,8 +23,9 @@ from yolo_cb.errors import CheckpointError, load_yaml
 from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.version import __version__
 
-from ..paths import MODELS_DIR
-from .model import YOLOX, load_model_cfg
+from ...paths import MODELS_DIR
+from ..build import load_model_cfg
+from .model import YOLOX
 
 STEM_KEY = "backbone.backbone.stem.conv.conv.weight"  # (64 * width, 12, 3, 3)
 CLS_KEY = "head.cls_preds.0.weight"  # (nc, 256 * width, 1, 1)

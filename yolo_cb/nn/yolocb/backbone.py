@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from .blocks import ConvBNAct
+from ..blocks import ConvBNAct
 
 # Channels of the five stages (strides 2, 4, 8, 16, 32) at width multiplier 1.0, before the max_channels cap.
 STAGE_CHANNELS = (64, 128, 256, 512, 1024)

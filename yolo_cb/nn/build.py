@@ -1,0 +1,83 @@
+"""`load_model_cfg` and `build_model`: a model YAML, a bundled name or a dict -> its family's architecture dict, and a YOLOX
+or a YOLOCB built from it (each family lives in its own package, `yolo_cb.nn.yolox` and `yolo_cb.nn.yolocb`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..errors import ConfigError, load_yaml, short_repr
+from ..paths import MODELS_DIR, find_model_cfg
+from .detector import Detector
+from .summary import log_summary
+from .yolocb.model import FAMILY as YOLOCB_FAMILY
+from .yolocb.model import YOLOCB, parse_yolocb_cfg
+from .yolox.model import FAMILY as YOLOX_FAMILY
+from .yolox.model import YOLOX, parse_yolox_cfg
+
+DETECTORS: dict[str, type[Detector]] = {cls.family: cls for cls in (YOLOX, YOLOCB)}  # `family:` value -> its detector
+FAMILIES = {family: cls.__name__ for family, cls in DETECTORS.items()}  # `family:` value -> display-name prefix
+
+
+def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
+    """The architecture dict and a display name (e.g. 'YOLOX-nano', 'YOLOCB-n') from a YAML path, a bundled name or a dict.
+
+    The `family:` key picks the detector: yolox (the default when absent) or yolocb.
+    """
+    if isinstance(cfg, dict):
+        data = dict(cfg)
+        path = next((p for p in sorted(MODELS_DIR.glob("*.yaml")) if _same_arch(yaml.safe_load(p.read_text()) or {}, data)), None)
+    else:
+        path = find_model_cfg(str(cfg))
+        if path.suffix.lower() not in (".yaml", ".yml"):
+            raise ConfigError(f"model={cfg}: {path} is neither a yolo-cb checkpoint (.pt) nor a model YAML (.yaml, e.g. yolox-nano.yaml)")
+        data = load_yaml(path, ConfigError, "model YAML")
+        if not isinstance(data, dict):
+            raise ConfigError(f"model={cfg}: {path} holds a {type(data).__name__}, not a mapping of model settings (depth, width, ...)")
+    family = _family(data)
+    if family not in FAMILIES:
+        raise ValueError(f"model config {short_repr(cfg)}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
+    if path is None:
+        name = str(data.get("name", FAMILIES[family]))
+    elif path.stem.lower().startswith(family + "-"):
+        name = FAMILIES[family] + "-" + path.stem.split("-", 1)[1]
+    else:
+        name = path.stem
+    if family == YOLOCB_FAMILY:
+        return parse_yolocb_cfg(data), name
+    return parse_yolox_cfg(data, cfg), name
+
+
+def _family(data: dict) -> str:
+    """The detector family a config dict names (`family:`), yolox when absent."""
+    return str(data.get("family") or YOLOX_FAMILY).lower()
+
+
+def _same_arch(a: dict, b: dict) -> bool:
+    """Whether two config dicts describe the same architecture (so a stored cfg dict gets its bundled name back)."""
+    try:
+        if _family(a) != _family(b):
+            return False
+        if _family(a) == YOLOCB_FAMILY:
+            a, b = parse_yolocb_cfg(a), parse_yolocb_cfg(b)
+            return all(a[k] == b[k] for k in ("max_channels", "reg_max", "act")) and all(abs(a[k] - b[k]) < 1e-9 for k in ("depth", "width"))
+        return all(str(a.get(k)) == str(b.get(k)) for k in ("depthwise", "act")) and all(
+            abs(float(a[k]) - float(b[k])) < 1e-9 for k in ("depth", "width")
+        )
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: int = 640) -> Detector:
+    """A freshly initialised detector from `cfg` (path, bundled name like 'yolox-nano' or 'yolocb-n', or dict), with `nc`
+    classes: a YOLOX, or a YOLOCB when the config says `family: yolocb`.
+
+    When verbose, logs one summary line (layers, parameters, GFLOPs at `imgsz`) to the 'yolo_cb' logger.
+    """
+    arch, name = load_model_cfg(cfg)
+    arch.pop("nc", None)
+    model = DETECTORS[arch.pop("family", YOLOX_FAMILY)](nc=nc, name=name, **arch)  # a YOLOX arch has no family key
+    if verbose:
+        log_summary(model, imgsz)
+    return model
