@@ -21,14 +21,14 @@ from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.config import Config, get_config
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.settings_schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
 from yolo_cb.utils.log import LOGGER
 
-# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
-RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
-                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
+# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
+# else would change what is trained.
+RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
