@@ -342,7 +342,11 @@ def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
 
 
 class Config(SimpleNamespace):
-    """The resolved settings; attribute access (args.epochs) and dict conversion."""
+    """The resolved settings; attribute access (args.epochs) and dict conversion. Structured settings are typed values
+    (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
+    it) and its parsed form (yolo_cb.callbacks.lr_settings.parsed) in a slot, outside the settings."""
+
+    __slots__ = ("_lr_scheduler",)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -383,8 +387,22 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     merged.update(overrides)
     sources = [base or {}, loaded if cfg_file else {}, overrides]
     merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
-    config = Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
-    lr_settings.resolve(config.lr_scheduler, config)  # against cos_lr and warmup_epochs
+    return _typed(merged, defaults)
+
+
+def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:
+    """Every setting typed and checked in file order; lr_scheduler= parsed once, checked against the settings before it
+    (cos_lr, warmup_epochs), and its parsed form kept on the Config."""
+    values: dict[str, Any] = {}
+    schedule = None
+    for key, value in merged.items():
+        if key == "lr_scheduler":
+            values[key] = _yaml_text(key, value)
+            schedule = lr_settings.resolve(values[key], SimpleNamespace(**values))
+        else:
+            values[key] = coerce(key, value, defaults.get(key))
+    config = Config(**values)
+    lr_settings.parsed(config, schedule)
     return config
 
 
