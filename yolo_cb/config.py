@@ -366,6 +366,18 @@ def check_keys(overrides: dict[str, Any], valid: dict[str, Any], source: str = "
             raise ConfigError(f"'{key}'{where} is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
 
 
+def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of a `cfg=` file, its keys checked (ConfigError: missing, not a mapping, an unknown key)."""
+    path = Path(str(cfg_file)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"cfg={cfg_file}: file not found")
+    loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
+    check_keys(loaded, defaults or load_defaults(), source=str(path))
+    return loaded
+
+
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
     """Defaults <- `base` (e.g. a checkpoint's train_args) <- cfg= file <- overrides; typed and checked."""
     defaults = load_defaults()
@@ -375,13 +387,7 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
         merged.update({k: v for k, v in base.items() if k in defaults})
     cfg_file = overrides.get("cfg") or (base or {}).get("cfg")
     if cfg_file:
-        path = Path(str(cfg_file)).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"cfg={cfg_file}: file not found")
-        loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
-        check_keys(loaded, defaults, source=str(path))
+        loaded = load_cfg_file(cfg_file, defaults)
         merged.update(loaded)
     check_keys(overrides, defaults)
     merged.update(overrides)
