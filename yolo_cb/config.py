@@ -1,7 +1,8 @@
 """Settings: defaults from cfg/default.yaml, a `cfg=` file, then overrides; typed, range-checked, strict.
 
 An unknown key, a wrong type or an out-of-range value raises ConfigError naming the key,
-the value and what would be right (with 'did you mean' for misspelt keys).
+the value and what would be right (with 'did you mean' for misspelt keys). Each setting's kind, range or choices
+are in yolo_cb/settings_schema.py; `coerce` dispatches on the kind (`COERCERS`), one short function per kind.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from yolo_cb.callbacks.engine import event_methods
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.registry import REGISTRY, import_object, parse_specs, registered_names
 from yolo_cb.errors import ConfigError, load_yaml, short_repr
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import yaml_loads
@@ -30,48 +31,18 @@ __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_setti
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
 
-# Per-key type rules. Keys not listed take the type of their default (bool, int, float, str).
-INT_RANGES = {  # key: (min, max) inclusive; None = unbounded
-    "epochs": (1, None), "patience": (0, None), "batch": (1, None), "imgsz": (32, None), "save_period": (-1, None),
-    "save_topk": (0, None), "save_steps": (0, None), "nproc": (1, None), "workers": (0, None), "seed": (None, None), "val_period": (1, None),
-    "nbs": (1, None), "no_aug_epochs": (0, None), "max_det": (1, None), "plot_period": (1, None), "opset": (7, None),
-    "close_mosaic": (0, None), "next_stage_start_epoch": (0, None), "line_width": (1, None),
-    "iterations": (1, None), "tune_keep": (0, None),
-}
-FRACTIONS = {"lrf", "momentum", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v", "translate", "scale", "flipud", "fliplr",
-             "mosaic", "mixup", "iou", "conf", "fraction"}
-POSITIVE_FLOATS = {"lr0", "time", "box", "export_tol", "onnx_check_tol"}
-NONNEG_FLOATS = {"weight_decay", "warmup_epochs", "warmup_bias_lr", "degrees", "shear", "grad_clip", "min_delta"}
-ENUMS = {
-    "optimizer": ("SGD", "Adam", "AdamW", "auto"), "mode": ("train", "val", "predict", "export", "tune"), "task": ("detect",),
-    "cache": (False, "ram", "disk"), "format": ("onnx", "torchscript"), "iou_type": ("iou", "giou"),
-    "split": ("train", "val", "test"), "onnx_check": (True, False, "strict"), "monitor_mode": ("auto", "max", "min"),
-    "pruner": ("median", "hyperband", "none"),
-}
-# Keys whose default is empty (None) and that hold free text or structured values.
-FREE = {"model", "data", "cfg", "device", "project", "name", "source", "datasets_dir", "callbacks", "classes", "freeze", "lr_scheduler",
-        "monitor", "save_epochs", "space", "storage"}
-# Keys that are a bool or a path.
-BOOL_OR_PATH = {"resume", "pretrained"}
-
-
-def load_defaults() -> dict[str, Any]:
-    return yaml.safe_load(DEFAULT_CFG.read_text())
-
-
-def describe_settings() -> list[tuple[str, Any, str]]:
-    """(key, default, comment) for every setting, in file order, with section headers as ('#', title, '')."""
-    rows = []
-    for line in DEFAULT_CFG.read_text().splitlines():
-        header = re.match(r"#\s*---\s*(.+?)\s*-+\s*$", line)
-        if header:
-            rows.append(("#", header.group(1), ""))
-            continue
-        match = re.match(r"^([a-z_0-9]+):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
-        if match:
-            key, raw, comment = match.groups()
-            rows.append((key, yaml.safe_load(raw) if raw else None, comment or ""))
-    return rows
+# The rules live in yolo_cb/settings_schema.py (one Setting per key); these names are views of it for older readers.
+SCHEMA = RULES
+INT_RANGES = {key: (rule.low, rule.high) for key, rule in RULES.items() if rule.kind == "int"}  # key: (min, max) inclusive
+FRACTIONS = settings_of_kind("fraction")
+POSITIVE_FLOATS = settings_of_kind("positive")
+NONNEG_FLOATS = settings_of_kind("nonneg")
+ENUMS = {key: rule.choices for key, rule in RULES.items() if rule.kind == "enum"}
+FREE = settings_of_kind("text", "device", "free", "metric", "callbacks", "classes", "freeze", "save_epochs", "lr_scheduler")
+BOOL_OR_PATH = settings_of_kind("bool_or_path")
+# Kinds whose string values (from the CLI or a cfg file) parse as YAML scalars first; the others take text as it is.
+SCALAR_KINDS = {"int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
+_SCHEMA_DEFAULT = object()
 
 
 def _bad(key: str, value: Any, expected: str) -> ConfigError:
@@ -101,94 +72,134 @@ def _as_number(value: Any) -> Any:
     return value
 
 
-def coerce(key: str, value: Any, default: Any) -> Any:
-    """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range."""
-    if isinstance(value, str) and key not in FREE:  # free-text keys stay strings; the others parse as YAML scalars
+def coerce(key: str, value: Any, default: Any = _SCHEMA_DEFAULT) -> Any:
+    """Convert `value` (possibly a string from the CLI) to the type of setting `key`, checking its range. `default`
+    (the schema's when not given) decides whether an empty value of a number setting stays None."""
+    rule = RULES.get(key)
+    if rule is None:  # not a setting: a YAML scalar, unchecked
+        return _parse_scalar(value) if isinstance(value, str) else value
+    if isinstance(value, str) and rule.kind in SCALAR_KINDS:
         value = _parse_scalar(value)
-    if key in ENUMS:
-        choices = ENUMS[key]
-        if key == "cache" and value is True:
-            value = "ram"
-        if value is None and key == "cache":
-            value = False
-        lowered = {str(c).lower(): c for c in choices}
-        if isinstance(value, str) and value.lower() in lowered:
-            value = lowered[value.lower()]
-        if value not in choices or (isinstance(value, bool) != any(isinstance(c, bool) and c == value for c in choices) and isinstance(value, bool)):
-            raise _bad(key, value, "one of " + " | ".join(str(c) for c in choices))
-        return value
-    if key in BOOL_OR_PATH:
-        if value is None:
-            return False
-        if isinstance(value, (bool, str)):
-            return value
-        raise _bad(key, value, "true, false or a path")
-    if key in FREE:
-        if key == "classes":
-            return _coerce_classes(value)
-        if key in ("freeze", "save_epochs", "lr_scheduler"):
-            return _coerce_structured(key, value)
-        if key == "monitor":
-            if not isinstance(value, str) or not value.strip():
-                raise _bad(key, value, "a metric key, e.g. fitness, metrics/mAP50(B) or val/iou_loss")
-            return value.strip()
-        if key == "callbacks":
-            if value not in (None, "", [], {}, False):
-                check_callbacks(value)
-            return value
-        if key == "device" and isinstance(value, (list, tuple)):
-            return ",".join(str(v) for v in value)
-        if key in ("device", "name", "project", "datasets_dir", "model", "data", "cfg") and value is not None:
-            return str(value)
-        return value
-    if key in INT_RANGES:
-        if value is None and (default is None):
-            return None
-        value = _as_number(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
-            raise _bad(key, value, "an integer")
-        value = int(value)
-        low, high = INT_RANGES[key]
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise _bad(key, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
-        if key == "imgsz" and value % 32:
-            raise _bad(key, value, f"a multiple of 32 (the model's largest stride), e.g. {max(32, round(value / 32) * 32)}")
-        return value
-    if key in FRACTIONS or key in POSITIVE_FLOATS or key in NONNEG_FLOATS:
-        if value is None and default is None:
-            return None
-        value = _as_number(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # value != value: nan
-            raise _bad(key, value, "a number")
-        value = float(value)
-        if key in FRACTIONS and not 0.0 <= value <= 1.0:
-            raise _bad(key, value, "a fraction in [0, 1]")
-        if key == "fraction" and value == 0.0:
-            raise _bad(key, value, "a fraction in (0, 1]")
-        if key in POSITIVE_FLOATS and value <= 0:
-            raise _bad(key, value, "a number > 0")
-        if key in NONNEG_FLOATS and value < 0:
-            raise _bad(key, value, "a number >= 0")
-        return value
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        raise _bad(key, value, "true or false")
+    if default is _SCHEMA_DEFAULT:
+        default = schema()[key].default if key in schema() else None
+    return COERCERS[rule.kind](key, rule, value, default)
+
+
+def _enum(key: str, rule: Setting, value: Any, default: Any) -> Any:
+    for given, meant in rule.aliases:
+        if value is given:
+            value = meant
+            break
+    choices = rule.choices
+    lowered = {str(c).lower(): c for c in choices}
+    if isinstance(value, str) and value.lower() in lowered:
+        value = lowered[value.lower()]
+    if value not in choices or (isinstance(value, bool) and not any(isinstance(c, bool) and c == value for c in choices)):
+        raise _bad(key, value, "one of " + " | ".join(str(c) for c in choices))
     return value
 
 
-def _coerce_structured(key: str, value: Any) -> Any:
-    """freeze (N or module names), save_epochs (epoch numbers), lr_scheduler (a name or {name: {parameters}})."""
+def _bool_or_path(key: str, rule: Setting, value: Any, default: Any) -> Any:
+    if value is None:
+        return False
+    if isinstance(value, (bool, str)):
+        return value
+    raise _bad(key, value, "true, false or a path")
+
+
+def _bool(key: str, rule: Setting, value: Any, default: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _bad(key, value, "true or false")
+
+
+def _int(key: str, rule: Setting, value: Any, default: Any) -> int | None:
+    if value is None and default is None:
+        return None
+    value = _as_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+        raise _bad(key, value, "an integer")
+    value = int(value)
+    low, high = rule.low, rule.high
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _bad(key, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
+    if rule.multiple and value % rule.multiple:
+        step = rule.multiple
+        raise _bad(key, value, f"a multiple of {step} (the model's largest stride), e.g. {max(step, round(value / step) * step)}")
+    return value
+
+
+FLOAT_CHECKS = {  # kind -> (the value is out of range, what is expected)
+    "fraction": (lambda v: not 0.0 <= v <= 1.0, "a fraction in [0, 1]"),
+    "positive": (lambda v: v <= 0, "a number > 0"),
+    "nonneg": (lambda v: v < 0, "a number >= 0"),
+}
+
+
+def _float(key: str, rule: Setting, value: Any, default: Any) -> float | None:
+    if value is None and default is None:
+        return None
+    value = _as_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # value != value: nan
+        raise _bad(key, value, "a number")
+    value = float(value)
+    out_of_range, expected = FLOAT_CHECKS[rule.kind]
+    if out_of_range(value):
+        raise _bad(key, value, expected)
+    if rule.low_open and value == 0.0:
+        raise _bad(key, value, "a fraction in (0, 1]")
+    return value
+
+
+def _text(key: str, rule: Setting, value: Any, default: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _device(key: str, rule: Setting, value: Any, default: Any) -> str | None:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return _text(key, rule, value, default)
+
+
+def _as_is(key: str, rule: Setting, value: Any, default: Any) -> Any:
+    return value
+
+
+def _metric(key: str, rule: Setting, value: Any, default: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(key, value, "a metric key, e.g. fitness, metrics/mAP50(B) or val/iou_loss")
+    return value.strip()
+
+
+def _callbacks(key: str, rule: Setting, value: Any, default: Any) -> Any:
+    if value not in (None, "", [], {}, False):
+        check_callbacks(value)
+    return value
+
+
+def _yaml_text(key: str, value: Any) -> Any:
+    """A structured setting given as YAML text (a list, a mapping, a number) parsed; other values unchanged."""
     if isinstance(value, str) and value.strip()[:1] in "[{0123456789":
         try:
-            value = yaml_loads(value)
+            return yaml_loads(value)
         except yaml.YAMLError:
             raise _bad(key, value, "valid YAML") from None
-    if key == "freeze":
-        return parse_freeze(value)
-    if key == "lr_scheduler":
-        lr_settings.resolve(value)  # the name and its parameters are checked here; the checks against other settings in get_config
-        return value
+    return value
+
+
+def _freeze(key: str, rule: Setting, value: Any, default: Any) -> int | list[str] | None:
+    return parse_freeze(_yaml_text(key, value))
+
+
+def _lr_scheduler(key: str, rule: Setting, value: Any, default: Any) -> Any:
+    value = _yaml_text(key, value)
+    lr_settings.resolve(value)  # the name and its parameters are checked here; the checks against other settings in get_config
+    return value
+
+
+def _save_epochs(key: str, rule: Setting, value: Any, default: Any) -> list[int] | None:
+    """Epoch numbers (1-based), sorted and unique; None for none."""
+    value = _yaml_text(key, value)
     if value in (None, "", []):
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -249,6 +260,16 @@ def _coerce_classes(value: Any) -> list[int] | None:
     except (TypeError, ValueError):
         raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
 
+
+def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | None:
+    return _coerce_classes(value)
+
+
+COERCERS = {  # a setting's kind (yolo_cb/settings_schema.py) -> how a value of it is typed and checked
+    "int": _int, "fraction": _float, "positive": _float, "nonneg": _float, "enum": _enum, "bool": _bool,
+    "bool_or_path": _bool_or_path, "text": _text, "device": _device, "free": _as_is, "any": _as_is, "metric": _metric,
+    "callbacks": _callbacks, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,
+}
 
 CALLBACK_FORMS = "NAME (registered), EVENT=module:function, or module:Class"
 
@@ -321,7 +342,11 @@ def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
 
 
 class Config(SimpleNamespace):
-    """The resolved settings; attribute access (args.epochs) and dict conversion."""
+    """The resolved settings; attribute access (args.epochs) and dict conversion. Structured settings are typed values
+    (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
+    it) and its parsed form (yolo_cb.callbacks.lr_settings.parsed) in a slot, outside the settings."""
+
+    __slots__ = ("_lr_scheduler",)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -341,6 +366,18 @@ def check_keys(overrides: dict[str, Any], valid: dict[str, Any], source: str = "
             raise ConfigError(f"'{key}'{where} is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
 
 
+def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of a `cfg=` file, its keys checked (ConfigError: missing, not a mapping, an unknown key)."""
+    path = Path(str(cfg_file)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"cfg={cfg_file}: file not found")
+    loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
+    check_keys(loaded, defaults or load_defaults(), source=str(path))
+    return loaded
+
+
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
     """Defaults <- `base` (e.g. a checkpoint's train_args) <- cfg= file <- overrides; typed and checked."""
     defaults = load_defaults()
@@ -350,20 +387,28 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
         merged.update({k: v for k, v in base.items() if k in defaults})
     cfg_file = overrides.get("cfg") or (base or {}).get("cfg")
     if cfg_file:
-        path = Path(str(cfg_file)).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"cfg={cfg_file}: file not found")
-        loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
-        check_keys(loaded, defaults, source=str(path))
+        loaded = load_cfg_file(cfg_file, defaults)
         merged.update(loaded)
     check_keys(overrides, defaults)
     merged.update(overrides)
     sources = [base or {}, loaded if cfg_file else {}, overrides]
     merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
-    config = Config(**{key: coerce(key, value, defaults.get(key)) for key, value in merged.items()})
-    lr_settings.resolve(config.lr_scheduler, config)  # against cos_lr and warmup_epochs
+    return _typed(merged, defaults)
+
+
+def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:
+    """Every setting typed and checked in file order; lr_scheduler= parsed once, checked against the settings before it
+    (cos_lr, warmup_epochs), and its parsed form kept on the Config."""
+    values: dict[str, Any] = {}
+    schedule = None
+    for key, value in merged.items():
+        if key == "lr_scheduler":
+            values[key] = _yaml_text(key, value)
+            schedule = lr_settings.resolve(values[key], SimpleNamespace(**values))
+        else:
+            values[key] = coerce(key, value, defaults.get(key))
+    config = Config(**values)
+    lr_settings.parsed(config, schedule)
     return config
 
 

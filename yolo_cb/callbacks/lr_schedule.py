@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from yolo_cb.callbacks.lr_settings import resolve
+from yolo_cb.callbacks.lr_settings import parsed, resolve
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.utils.log import LOGGER
 
@@ -69,7 +69,7 @@ class LRSchedule:
     # --- setup ----------------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
         args = trainer.args
-        kind, self.name, params, target = resolve(self.setting if self.setting is not None else args.lr_scheduler, args)
+        kind, self.name, params, target = resolve(self.setting, args) if self.setting is not None else parsed(args)
         self.kind = kind
         self.warmup_by = params.pop("warmup_by", "batch")
         self.cooldown = int(params.pop("cooldown_epochs", 0))
@@ -197,7 +197,7 @@ class LRSchedule:
 
 def schedule_callback(args: Any) -> Any:
     """The default LR callback for `args.lr_scheduler`: LRSchedule, your class (module:Class) instead, or None for `none`."""
-    kind, _, params, target = resolve(args.lr_scheduler, args)
+    kind, _, params, target = parsed(args)  # lr_scheduler= as parsed when the settings were resolved
     if kind == "none":
         return None
     if kind == "class":

@@ -7,7 +7,7 @@ checks (yolo_cb/engine/resume.py) read the setting through this module.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -27,6 +27,16 @@ PARAMS: dict[str, dict[str, Any]] = {  # schedule -> {parameter: default}; a def
 }
 FORMS = ("linear | cosine | step | multistep | exponential | polynomial | constant | none | module:function | module:Class | "
          "a torch.optim.lr_scheduler class name, optionally as a mapping {name: {parameter: value}}")
+
+
+class LrScheduler(NamedTuple):
+    """lr_scheduler= parsed: kind builtin | function | class | torch | none, the schedule's name, its parameters (with
+    warmup_by / cooldown_epochs), and the function or class it names (None for builtin and none)."""
+
+    kind: str
+    name: str
+    params: dict
+    target: Any
 
 
 def _bad(value: Any, reason: str) -> ConfigError:
@@ -76,7 +86,21 @@ def names_code(value: Any) -> bool:
     return not (name == "none" or name in BUILTIN or _torch_class(name) is not None)
 
 
-def resolve(value: Any, args: Any = None) -> tuple[str, str, dict, Any]:
+def parsed(args: Any, resolved: LrScheduler | None = None) -> LrScheduler:
+    """`args.lr_scheduler` as parsed once, when the settings were resolved (yolo_cb.config.get_config keeps it on the
+    Config); parsed again only where lr_scheduler, cos_lr or warmup_epochs changed since, or `args` is no Config. The
+    parameters are a fresh dict each time (readers pop from them)."""
+    inputs = (repr(args.lr_scheduler), getattr(args, "cos_lr", False), getattr(args, "warmup_epochs", 0))
+    cached = getattr(args, "_lr_scheduler", None)
+    if resolved is not None or cached is None or cached[0] != inputs:  # resolved: what get_config parsed, kept
+        cached = (inputs, resolved or resolve(args.lr_scheduler, args))
+        if hasattr(type(args), "_lr_scheduler"):  # a Config: a slot, so the parsed value is no setting (not in vars(args))
+            args._lr_scheduler = cached
+    kind, name, params, target = cached[1]
+    return LrScheduler(kind, name, dict(params), target)
+
+
+def resolve(value: Any, args: Any = None) -> LrScheduler:
     """Check the setting fully: (kind, name, parameters, target) with kind builtin | function | class | torch | none."""
     name, params = parse_lr_scheduler(value)
     common = {k: params.pop(k) for k in list(params) if k in COMMON}
@@ -145,7 +169,7 @@ def resolve(value: Any, args: Any = None) -> tuple[str, str, dict, Any]:
         raise _bad(value, f"unknown schedule '{name}'.{did_you_mean(name, names)}")
     if cos_lr and not (kind == "builtin" and name in ("linear", "cosine")):
         raise _bad(value, "cos_lr=True asks for the cosine schedule; give lr_scheduler=cosine (or drop cos_lr) instead of both")
-    return kind, name, {**params, **common}, target
+    return LrScheduler(kind, name, {**params, **common}, target)
 
 
 def _check_builtin_params(value: Any, name: str, params: dict) -> None:

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
-from yolo_cb.config import Config, get_config
+from yolo_cb.config import Config, coerce, get_config, load_cfg_file
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.settings_schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
 from yolo_cb.utils.log import LOGGER
 
-# Settings that may differ from the checkpoint's when resuming; anything else would change what is trained.
-RESUME_MUTABLE = {"device", "workers", "batch", "epochs", "time", "patience", "resume", "nproc", "verbose", "plots", "save_period",
-                  "save_steps", "save_topk", "save_epochs", "save_initial", "mlflow", "tensorboard", "onnx_check", "onnx_check_tol", "callbacks", "val_period", "plot_period",
-                  "cache", "mode", "exist_ok", "amp", "deterministic", "val", "datasets_dir", "weights_dir"}
+# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
+# else would change what is trained.
+RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
@@ -63,14 +63,15 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
     """(the overrides to train with, the resume; None: a fresh run) for train(**overrides). `model` is a model the user
     named (None: not named). resume=auto picks the run folder's last.pt or a fresh run there; a torchrun restart without
     resume= is warned about, since it starts over."""
+    prepared = None
     if str(overrides.get("resume")).lower() == "auto":
-        overrides = resolve_auto_resume(overrides, model=model)
+        overrides, prepared = _auto_resume(overrides, model=model)
     elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and _not_set(overrides.get("resume")) and rank() in (-1, 0):
         LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
                        f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
     if _not_set(overrides.get("resume")):
         return overrides, None
-    args, ckpt, path = prepare_resume(overrides, model=model)
+    args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
     return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt))
 
 
@@ -86,21 +87,34 @@ def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> 
     """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
     same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
     so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
-    settings = get_config({**overrides, "resume": False, "mode": "train"})
-    folder = (Path(settings.project) if settings.project else default_project(settings)) / (settings.name or "train")
+    return _auto_resume(overrides, model=model)[0]
+
+
+def _auto_folder(overrides: dict[str, Any]) -> Path:
+    """The run folder project/name of resume=auto, from the call or its cfg= file: only these two settings are read here,
+    since the run's settings are resolved once, by prepare_resume or by the fresh run."""
+    given = {**(load_cfg_file(overrides["cfg"]) if overrides.get("cfg") else {}), **overrides}
+    project, name = coerce("project", given.get("project")), coerce("name", given.get("name"))
+    return (Path(project) if project else default_project()) / (name or "train")
+
+
+def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], tuple | None]:
+    """resolve_auto_resume's overrides, and prepare_resume's (args, checkpoint, path) when it resumes (None: a fresh run)."""
+    folder = _auto_folder(overrides)
     last = folder / "weights" / "last.pt"
     say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
     if not last.is_file():
         say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
-        return {**overrides, "resume": False, "exist_ok": True}
+        return {**overrides, "resume": False, "exist_ok": True}, None
     try:
-        _, ckpt, _ = prepare_resume({**overrides, "resume": str(last)}, model=model)
+        prepared = prepare_resume({**overrides, "resume": str(last)}, model=model)
     except ConfigError as error:
+        get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
         raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
                           f"Use another name= for a new run, or the settings it was started with") from None
-    if not is_finished(ckpt):
+    if not is_finished(prepared[1]):
         say(f"resume=auto: continuing the run in {folder} from {last}")
-    return {**overrides, "resume": str(last)}
+    return {**overrides, "resume": str(last)}, prepared
 
 
 def prepare_resume(overrides: dict[str, Any], model: str | None = None):

@@ -24,6 +24,7 @@ from yolo_cb.engine.optim import resolve_optimizer
 from yolo_cb.engine.resume import dataset_fingerprint
 from yolo_cb.errors import ConfigError, UserError, load_yaml
 from yolo_cb.integrations.mlflow import public_uri
+from yolo_cb.settings_schema import RULES
 from yolo_cb.tune import report
 from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
@@ -38,8 +39,7 @@ STUDY_DB = "study.db"
 DEFAULT_STUDY = "yolo-cb-tune"
 TUNE_ONLY = {"iterations", "space", "storage", "pruner", "tune_keep", "resume", "project", "name", "exist_ok", "mode"}
 # settings that may differ when resuming a tune: they change how trials run or are kept, not what they learn
-RESUME_MUTABLE = {"iterations", "tune_keep", "storage", "device", "workers", "verbose", "plots", "mlflow", "tensorboard",
-                  "onnx_check", "callbacks", "datasets_dir", "weights_dir", "cache", "project", "name"}
+RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.tune_resume)  # tune_resume in yolo_cb/settings_schema.py
 
 
 class OptionalDependencyError(UserError, ImportError):
