@@ -23,7 +23,10 @@ from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
 
-LOSS_SETTINGS = ("box", "iou_type")  # settings that configure a loss; a criterion lists those it takes in `reads_settings`
+
+def loss_settings(args: Config) -> dict[str, Any]:
+    """The settings that configure a loss (a criterion lists those it takes in `reads_settings`)."""
+    return {"box": args.box, "iou_type": args.iou_type}
 METRIC_NAMES = ("precision(B)", "recall(B)", "mAP50(B)", "mAP50-95(B)")
 
 
@@ -97,7 +100,7 @@ def build_model(trainer) -> None:
 
 def configure_criterion(args: Config, parts: Parts) -> None:
     """The loss built from the loss settings (each family takes those in its reads_settings; YOLOX's L1 starts off)."""
-    parts.criterion = criterion = unwrap(parts.model).build_loss({key: getattr(args, key) for key in LOSS_SETTINGS})
+    parts.criterion = criterion = unwrap(parts.model).build_loss(loss_settings(args))
     parts.loss_names = tuple(f"{name}_loss" for name in criterion.loss_names)
     refuse_unread_loss_settings(args, criterion)
 
@@ -174,8 +177,8 @@ def refuse_unread_loss_settings(args: Config, criterion) -> None:
     from yolo_cb.errors import ConfigError
 
     defaults = load_defaults()
-    for key in LOSS_SETTINGS:
-        if key not in criterion.reads_settings and getattr(args, key) != defaults[key]:
-            raise ConfigError(f"invalid value for '{key}': {getattr(args, key)!r}; it sets the YOLOX loss, and this model trains with "
+    for key, value in loss_settings(args).items():
+        if key not in criterion.reads_settings and value != defaults[key]:
+            raise ConfigError(f"invalid value for '{key}': {value!r}; it sets the YOLOX loss, and this model trains with "
                               f"{type(criterion).__name__} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a "
                               f"yolox-* model")
