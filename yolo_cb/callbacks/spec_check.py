@@ -1,0 +1,81 @@
+"""`callbacks=` checked before any work starts: each item's form, event, registered name, import path and arguments."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from yolo_cb.callbacks.engine import event_methods
+from yolo_cb.callbacks.events import EVENTS, event_hint
+from yolo_cb.callbacks.registry import REGISTRY, import_object, parse_specs, registered_names
+from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.utils.suggest import did_you_mean
+
+CALLBACK_FORMS = "NAME (registered), EVENT=module:function, or module:Class"
+
+
+def check_callbacks(value: Any) -> None:
+    """Raise ConfigError for a `callbacks` declaration that cannot work, before any work starts: a malformed item,
+    an unknown event or registered name, a module that does not import, a missing attribute, a non-callable.
+
+    Nothing is instantiated here (a class's constructor runs once, when the callbacks are built)."""
+
+    def bad(item: Any, reason: str) -> ConfigError:
+        return ConfigError(f"invalid value for 'callbacks': item {short_repr(item)}: {reason.rstrip('.')}; expected {CALLBACK_FORMS}")
+
+    try:
+        items = parse_specs(value)
+    except ValueError as error:
+        raise ConfigError(f"invalid value for 'callbacks': {error}; expected {CALLBACK_FORMS}") from None
+    for item in items:
+        if isinstance(item, dict):
+            pairs = [(k, v, k in EVENTS) for k, v in item.items()]
+        elif isinstance(item, str):
+            event, eq, path = item.partition("=")
+            pairs = [(event.strip(), path.strip(), True)] if eq else [(item.strip(), None, False)]
+        else:
+            raise bad(item, f"a {type(item).__name__}, not a string or a mapping")
+        for key, arg, is_event in pairs:
+            if not isinstance(key, str) or not key:
+                raise bad(item, "no event or callback name before '='" if is_event else "an empty name")
+            if is_event:
+                if key not in EVENTS:
+                    raise bad(item, f"unknown event '{key}'.{event_hint(key)}")
+                if isinstance(arg, str):
+                    if not arg:
+                        raise bad(item, f"no function after '{key}='; write {key}=module:function")
+                    try:
+                        arg = import_object(arg)
+                    except ValueError as error:
+                        raise bad(item, str(error)) from None
+                if not callable(arg):
+                    raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else short_repr(arg)} is a {type(arg).__name__}, "
+                                    f"not callable; point to a function fn(obj)")
+                continue
+            if key in registered_names():
+                if arg is not None and not isinstance(arg, dict):
+                    raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {short_repr(arg)}")
+                _check_arguments(item, key, arg or {}, bad)
+                continue
+            if ":" not in key and "." not in key:
+                raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
+                                f"Registered: {', '.join(registered_names())}")
+            try:
+                obj = import_object(key)
+                if not isinstance(obj, type):
+                    event_methods(obj)  # an object must have on_* methods naming events
+            except ValueError as error:
+                raise bad(item, str(error)) from None
+
+
+def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
+    """The keyword arguments of a registered callback fit its constructor (named in the error, with what it takes)."""
+    try:
+        signature = inspect.signature(REGISTRY[name])
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as error:
+        takes = ", ".join(p for p in signature.parameters if p != "self") or "no arguments"
+        raise bad(item, f"'{name}' {error} (it takes: {takes})") from None
