@@ -10,9 +10,6 @@ During a batch `validator.batch` is the loader's batch and `validator.preds` its
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import time
 from pathlib import Path
 
@@ -21,9 +18,10 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.data.loader import close_loaders
+from yolo_cb.engine import coco_json
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
-from yolo_cb.utils.files import atomic_write_text, run_dir
+from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR curve reaches high recall)
@@ -355,55 +353,14 @@ class Validator:
                  plotting.plot_mc_curve(m.px, m.r_curve[valid], names, d / "R_curve.png", ylabel="Recall")]
         return files
 
-    def _category_id(self, c: int) -> int:
-        ids = (self.data or {}).get("category_ids")
-        return int(ids[c]) if ids else int(c)
-
     def save_json(self) -> tuple[Path, Path]:
         """predictions.json (COCO results) and ground_truth.json (COCO dataset built from the YOLO labels)."""
-        images, annotations, self.jdict = [], [], []
-        for s in self.stats:
-            h, w = s["ori_shape"]
-            images.append({"id": s["image_id"], "file_name": Path(s["im_file"]).name, "height": h, "width": w})
-            for box, c in zip(s["gt_boxes"].tolist(), s["gt_cls"].tolist(), strict=True):
-                annotations.append({"id": len(annotations) + 1, "image_id": s["image_id"], "category_id": self._category_id(c),
-                                    "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
-            for box, score, c in zip(s["pred_boxes"].tolist(), s["pred_scores"].tolist(), s["pred_cls"].tolist(), strict=True):
-                self.jdict.append({"image_id": s["image_id"], "category_id": self._category_id(c), "bbox": box, "score": score})
-        categories = [{"id": self._category_id(c), "name": self.names[c]} for c in sorted(self.names)]
-        gt = {"info": {"description": "yolo-cb ground truth from YOLO labels"}, "images": images, "annotations": annotations,
-              "categories": categories}
-        pred_file, gt_file = Path(self.save_dir) / "predictions.json", Path(self.save_dir) / "ground_truth.json"
-        atomic_write_text(pred_file, json.dumps(self.jdict))
-        atomic_write_text(gt_file, json.dumps(gt))
-        LOGGER.info(f"saved {pred_file} ({len(self.jdict)} detections) and {gt_file}")
+        self.jdict, pred_file, gt_file = coco_json.write(self.stats, self.names, (self.data or {}).get("category_ids"), Path(self.save_dir))
         return pred_file, gt_file
 
     def eval_json(self) -> list[float] | None:
         """COCOeval on the saved json files when pycocotools is installed (a dev/test extra); logs its summary."""
-        try:
-            from pycocotools.coco import COCO
-            from pycocotools.cocoeval import COCOeval
-        except ImportError:
-            LOGGER.info("pycocotools not installed: COCOeval on predictions.json skipped")
-            return None
-        if not self.jdict:
-            LOGGER.warning("WARNING no detections: COCOeval on predictions.json skipped")
-            return None
-        buffer = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(buffer):
-                gt = COCO(str(Path(self.save_dir) / "ground_truth.json"))
-                dt = gt.loadRes(str(Path(self.save_dir) / "predictions.json"))
-                evaluator = COCOeval(gt, dt, "bbox")
-                evaluator.evaluate()
-                evaluator.accumulate()
-                evaluator.summarize()
-        except Exception as error:
-            LOGGER.warning(f"WARNING COCOeval failed: {type(error).__name__}: {error}")
-            return None
-        self.coco_stats = [float(v) for v in evaluator.stats]
-        summary = [line for line in buffer.getvalue().splitlines() if "Average" in line]
-        LOGGER.info("pycocotools COCOeval:\n" + "\n".join(summary))
-        self.coco_metrics = dict(zip(coco_summary_keys(), self.coco_stats, strict=True))
+        self.coco_stats = coco_json.evaluate(Path(self.save_dir), self.jdict)
+        if self.coco_stats is not None:
+            self.coco_metrics = dict(zip(coco_summary_keys(), self.coco_stats, strict=True))
         return self.coco_stats
