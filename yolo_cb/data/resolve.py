@@ -143,6 +143,26 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     from yolo_cb.paths import find_dataset_cfg
 
     yaml_file = find_dataset_cfg(str(data)).resolve()
+    cfg, names = _read_dataset_yaml(yaml_file)
+    ddir = resolve_datasets_dir(datasets_dir)
+    places = _candidate_roots(cfg, yaml_file, ddir)
+    root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
+    failure = ""
+    if root is None:
+        root, failure = _fetch_missing(cfg, places[-1][0], ddir, yaml_file)
+    if root is None:
+        looked = "\n".join(f"  {p}  ({why})" for p, why in places)
+        wanted = ", ".join(f"{k}: {cfg[k]}" for k in ("train", "val"))
+        raise FileNotFoundError(
+            f"{yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
+            f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
+            f"or set 'path:' in {yaml_file.name} to the dataset root."
+        )
+    return _resolved_dataset(cfg, names, root, yaml_file)
+
+
+def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str]]:
+    """The YAML's mapping and its names, with the required keys checked (one line naming the key and an example)."""
     cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
     if not isinstance(cfg, dict):
         raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
@@ -153,8 +173,11 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     names = parse_names(cfg["names"], yaml_file)
     if cfg.get("nc") is not None and int(cfg["nc"]) != len(names):
         raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
+    return cfg, names
 
-    ddir = resolve_datasets_dir(datasets_dir)
+
+def _candidate_roots(cfg: dict, yaml_file: Path, ddir: Path) -> list[tuple[Path, str]]:
+    """Where the dataset root may be, each with why it is looked at, in the order Ultralytics looks."""
     raw_path = cfg.get("path")
     yaml_dir = yaml_file.parent
     if raw_path in (None, ""):
@@ -164,44 +187,46 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     else:  # Ultralytics resolves a relative path: from the working directory; then next to the YAML, then datasets_dir
         places = [(Path.cwd() / str(raw_path), "relative to the working directory"), (yaml_dir / str(raw_path), "next to the YAML"),
                   (ddir / str(raw_path), "under datasets_dir")]
-    places = [(resolved(p, f"{yaml_file}: 'path: {raw_path}'" if raw_path else f"{yaml_file}: its folder"), why) for p, why in places]
-    root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
+    return [(resolved(p, f"{yaml_file}: 'path: {raw_path}'" if raw_path else f"{yaml_file}: its folder"), why) for p, why in places]
 
-    failure = ""
-    if root is None:
-        target = places[-1][0]
-        downloads = cfg.get("download")
-        downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
-        if downloads or cfg.get("generate"):
-            check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
-        if downloads:
-            from yolo_cb.data.download import download_dataset, is_url
 
-            for url in downloads:
-                if not is_url(url):
-                    raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {short_repr(url)}")
-                try:
-                    download_dataset(url, target.parent)
-                except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing
-                    raise DataError(f"{yaml_file}: the download from {url} was refused: {e}") from None
-                except (OSError, ValueError) as e:
-                    failure = f"\nThe download from {url} failed: {e}"
-                    break
-        elif cfg.get("generate"):
-            _generate(cfg["generate"], target, yaml_file)
-        if not failure and not _missing(cfg, target, yaml_file):
-            root = target
-        elif not failure and (downloads or cfg.get("generate")):
-            failure = f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: {_missing(cfg, target, yaml_file)}"
-    if root is None:
-        looked = "\n".join(f"  {p}  ({why})" for p, why in places)
-        wanted = ", ".join(f"{k}: {cfg[k]}" for k in ("train", "val"))
-        raise FileNotFoundError(
-            f"{yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
-            f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
-            f"or set 'path:' in {yaml_file.name} to the dataset root."
-        )
+def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tuple[Path | None, str]:
+    """(root, why not): download (``download:``) or generate (``generate:``) the dataset into `target`, inside datasets_dir."""
+    downloads = cfg.get("download")
+    downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
+    if not (downloads or cfg.get("generate")):
+        return None, ""
+    check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
+    if downloads:
+        failure = _download_all(downloads, target, yaml_file)
+        if failure:
+            return None, failure
+    else:
+        _generate(cfg["generate"], target, yaml_file)
+    if not _missing(cfg, target, yaml_file):
+        return target, ""
+    return None, (f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: "
+                  f"{_missing(cfg, target, yaml_file)}")
 
+
+def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
+    """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
+    from yolo_cb.data.download import download_dataset, is_url
+
+    for url in urls:
+        if not is_url(url):
+            raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {short_repr(url)}")
+        try:
+            download_dataset(url, target.parent)
+        except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing
+            raise DataError(f"{yaml_file}: the download from {url} was refused: {e}") from None
+        except (OSError, ValueError) as e:
+            return f"\nThe download from {url} failed: {e}"
+    return ""
+
+
+def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: Path) -> dict:
+    """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given."""
     out = {"yaml_file": str(yaml_file), "path": str(root)}
     for key in SPLIT_KEYS:  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
         paths = _split_paths(cfg.get(key), root, key, yaml_file)
