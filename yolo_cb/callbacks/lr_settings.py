@@ -103,73 +103,94 @@ def parsed(args: Any, resolved: LrScheduler | None = None) -> LrScheduler:
 def resolve(value: Any, args: Any = None) -> LrScheduler:
     """Check the setting fully: (kind, name, parameters, target) with kind builtin | function | class | torch | none."""
     name, params = parse_lr_scheduler(value)
-    common = {k: params.pop(k) for k in list(params) if k in COMMON}
-    if "warmup_by" in common and common["warmup_by"] not in COMMON["warmup_by"]:
-        raise _bad(value, f"warmup_by={common['warmup_by']!r}, expected batch or epoch")
-    if "cooldown_epochs" in common and (isinstance(common["cooldown_epochs"], bool) or not isinstance(common["cooldown_epochs"], int)
-                                        or common["cooldown_epochs"] < 0):
-        raise _bad(value, f"cooldown_epochs={common['cooldown_epochs']!r}, expected an integer >= 0")
-    cos_lr = bool(getattr(args, "cos_lr", False))
+    common = _common_params(value, params)
     if name == "none":
-        if params or common:
-            raise _bad(value, "none takes no parameters")
-        if args is not None and float(getattr(args, "warmup_epochs", 0) or 0) > 0:
-            raise _bad(value, f"none leaves the LR to your callbacks, so warmup_epochs={args.warmup_epochs} would be ignored; set warmup_epochs=0")
-        kind, target = "none", None
+        kind, target = _check_none(value, params, common, args)
     elif name in BUILTIN:
-        allowed = PARAMS[name]
-        unknown = sorted(set(params) - set(allowed))
-        if unknown:
-            raise _bad(value, f"'{name}' has no parameter {', '.join(unknown)} (it takes: {', '.join([*allowed, *COMMON]) or 'none'})")
-        missing = [k for k, default in allowed.items() if default is None and k not in params]
-        if missing:
-            raise _bad(value, f"'{name}' needs {', '.join(missing)}, e.g. {{{name}: {{{missing[0]}: {'[30, 60]' if missing[0] == 'milestones' else 10}}}}}")
-        _check_builtin_params(value, name, params)
+        _check_builtin(value, name, params)
         kind, target = "builtin", None
     elif _torch_class(name) is not None:
-        target = _torch_class(name)
-        if "cooldown_epochs" in common:
-            raise _bad(value, "cooldown_epochs applies to the built-in schedules only")
-        monitor = params.pop("monitor", "fitness") if name.endswith("ReduceLROnPlateau") else None
-        signature = inspect.signature(target.__init__)
-        accepted = [p for p in signature.parameters if p not in ("self", "optimizer", "last_epoch", "verbose")]
-        unknown = sorted(set(params) - set(accepted))
-        if unknown:
-            raise _bad(value, f"torch's {target.__name__} has no parameter {', '.join(unknown)} (it takes: {', '.join(accepted)}"
-                              f"{', monitor' if monitor is not None else ''}; and warmup_by)")
-        required = [p.name for p in signature.parameters.values() if p.name in accepted and p.default is inspect.Parameter.empty
-                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        missing = [p for p in required if p not in params]
-        if missing:
-            raise _bad(value, f"torch's {target.__name__} needs {', '.join(missing)}")
-        if monitor is not None:
-            params["monitor"] = monitor
-            params.setdefault("mode", "min" if "loss" in str(monitor) else "max")  # fitness and mAP grow, losses shrink
-        kind = "torch"
+        kind, target, params = _check_torch(value, name, params, common)
     elif ":" in name:
-        try:
-            target = import_object(name)
-        except ValueError as error:
-            raise _bad(value, str(error)) from None
-        if isinstance(target, type):
-            kind = "class"
-            if common:
-                raise _bad(value, "a callback class gets its parameters as keyword arguments, not warmup_by/cooldown_epochs")
-            params = {**params}
-        elif callable(target):
-            kind = "function"
-            if params:
-                raise _bad(value, f"a function takes only warmup_by and cooldown_epochs, not {', '.join(sorted(params))}")
-        else:
-            raise _bad(value, f"{name} is a {type(target).__name__}, not a function or a class")
+        kind, target, params = _check_import(value, name, params, common)
     else:
         import torch.optim.lr_scheduler as torch_schedulers
 
         names = [*BUILTIN, "none", *[n for n in dir(torch_schedulers) if _torch_class(n) is not None]]
         raise _bad(value, f"unknown schedule '{name}'.{did_you_mean(name, names)}")
-    if cos_lr and not (kind == "builtin" and name in ("linear", "cosine")):
+    if bool(getattr(args, "cos_lr", False)) and not (kind == "builtin" and name in ("linear", "cosine")):
         raise _bad(value, "cos_lr=True asks for the cosine schedule; give lr_scheduler=cosine (or drop cos_lr) instead of both")
     return LrScheduler(kind, name, {**params, **common}, target)
+
+
+def _common_params(value: Any, params: dict) -> dict:
+    """The parameters every schedule takes (warmup_by, cooldown_epochs), taken out of `params` and checked."""
+    common = {k: params.pop(k) for k in list(params) if k in COMMON}
+    if "warmup_by" in common and common["warmup_by"] not in COMMON["warmup_by"]:
+        raise _bad(value, f"warmup_by={common['warmup_by']!r}, expected batch or epoch")
+    cooldown = common.get("cooldown_epochs", 0)
+    if isinstance(cooldown, bool) or not isinstance(cooldown, int) or cooldown < 0:
+        raise _bad(value, f"cooldown_epochs={common['cooldown_epochs']!r}, expected an integer >= 0")
+    return common
+
+
+def _check_none(value: Any, params: dict, common: dict, args: Any) -> tuple[str, None]:
+    if params or common:
+        raise _bad(value, "none takes no parameters")
+    if args is not None and float(getattr(args, "warmup_epochs", 0) or 0) > 0:
+        raise _bad(value, f"none leaves the LR to your callbacks, so warmup_epochs={args.warmup_epochs} would be ignored; set warmup_epochs=0")
+    return "none", None
+
+
+def _check_builtin(value: Any, name: str, params: dict) -> None:
+    allowed = PARAMS[name]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise _bad(value, f"'{name}' has no parameter {', '.join(unknown)} (it takes: {', '.join([*allowed, *COMMON]) or 'none'})")
+    missing = [k for k, default in allowed.items() if default is None and k not in params]
+    if missing:
+        raise _bad(value, f"'{name}' needs {', '.join(missing)}, e.g. {{{name}: {{{missing[0]}: {'[30, 60]' if missing[0] == 'milestones' else 10}}}}}")
+    _check_builtin_params(value, name, params)
+
+
+def _check_torch(value: Any, name: str, params: dict, common: dict) -> tuple[str, Any, dict]:
+    """A torch.optim.lr_scheduler class: its parameters checked against its signature (ReduceLROnPlateau gets a monitor)."""
+    target = _torch_class(name)
+    if "cooldown_epochs" in common:
+        raise _bad(value, "cooldown_epochs applies to the built-in schedules only")
+    monitor = params.pop("monitor", "fitness") if name.endswith("ReduceLROnPlateau") else None
+    signature = inspect.signature(target.__init__)
+    accepted = [p for p in signature.parameters if p not in ("self", "optimizer", "last_epoch", "verbose")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise _bad(value, f"torch's {target.__name__} has no parameter {', '.join(unknown)} (it takes: {', '.join(accepted)}"
+                          f"{', monitor' if monitor is not None else ''}; and warmup_by)")
+    required = [p.name for p in signature.parameters.values() if p.name in accepted and p.default is inspect.Parameter.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    missing = [p for p in required if p not in params]
+    if missing:
+        raise _bad(value, f"torch's {target.__name__} needs {', '.join(missing)}")
+    if monitor is not None:
+        params["monitor"] = monitor
+        params.setdefault("mode", "min" if "loss" in str(monitor) else "max")  # fitness and mAP grow, losses shrink
+    return "torch", target, params
+
+
+def _check_import(value: Any, name: str, params: dict, common: dict) -> tuple[str, Any, dict]:
+    """module:function or module:Class, imported (the user's own setting: a checkpoint's is never resolved)."""
+    try:
+        target = import_object(name)
+    except ValueError as error:
+        raise _bad(value, str(error)) from None
+    if isinstance(target, type):
+        if common:
+            raise _bad(value, "a callback class gets its parameters as keyword arguments, not warmup_by/cooldown_epochs")
+        return "class", target, {**params}
+    if callable(target):
+        if params:
+            raise _bad(value, f"a function takes only warmup_by and cooldown_epochs, not {', '.join(sorted(params))}")
+        return "function", target, params
+    raise _bad(value, f"{name} is a {type(target).__name__}, not a function or a class")
 
 
 def _check_builtin_params(value: Any, name: str, params: dict) -> None:
