@@ -89,8 +89,7 @@ class ResultsCSV:
     def on_model_save(self, trainer):
         if not trainer.is_main or not trainer.args.save:
             return
-        row = {"epoch": trainer.epoch + 1, "time": round(trainer.elapsed, 3), **trainer.label_loss_items(trainer.tloss, prefix="train"),
-               **trainer.metrics, **trainer.lr}
+        row = trainer.epoch_record.row()
         self.rows = [r for r in self.rows if int(float(r["epoch"])) < row["epoch"]]  # a resumed run rewrites epochs it repeats
         self.rows.append({k: f"{v:.6g}" if isinstance(v, float) else str(v) for k, v in row.items()})
 

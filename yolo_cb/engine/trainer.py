@@ -18,6 +18,7 @@ from yolo_cb.engine import build, resume_state
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
 from yolo_cb.engine.ema import ModelEMA, unwrap
+from yolo_cb.engine.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.engine.freeze import freeze_bn_stats
 from yolo_cb.engine.monitor import Monitor
 from yolo_cb.engine.place import Place, make_save_dir
@@ -37,14 +38,15 @@ class Trainer:
     State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
     metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer,
     criterion, train_loader, test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message),
-    exception, data, device, rank, world_size, frozen, lr_schedule, batches_done, optimizer_steps, save_step_due; and,
+    exception, data, device, rank, world_size, frozen, lr_schedule, batches_done, optimizer_steps, save_step_due,
+    epoch_record (engine/epoch_record.py), new_images (the image files written this epoch); and,
     as Ultralytics names them, best, last, plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends
     the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule
     callback's (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
 
     Each of these names is a property: over the typed run state `trainer.state` (progress, losses, metrics, best, stop:
     engine/run_state.py) or over a collaborator (`parts`: engine/build.py, `step`: engine/step.py, `place`:
-    engine/place.py, `clock`), so a callback's write (`trainer.stop = True`) lands where the loop reads it.
+    engine/place.py, `clock`, `output`: engine/epoch_record.py), so a callback's write (`trainer.stop = True`) lands where the loop reads it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -60,6 +62,7 @@ class Trainer:
         self.checkpointer = Checkpointer()
         self.signals = SignalWatch()
         self.clock = Clock()
+        self.output = EpochOutput()  # the epoch's record and the image files written in it: engine/epoch_record.py
         self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
         self.resume_ckpt: dict | None = None
         self.exception: BaseException | None = None
@@ -89,6 +92,8 @@ class Trainer:
     device, rank, world_size = (delegate("place", n) for n in ("device", "rank", "world_size"))
     save_dir, wdir = delegate("place", "save_dir"), delegate("place", "wdir")
     epoch_time, epoch_time_start = delegate("clock", "epoch_time"), delegate("clock", "epoch_time_start")
+    epoch_record = property(lambda t: t.output.record, doc="The last epoch's EpochRecord (engine/epoch_record.py), from on_model_save on.")
+    new_images = property(lambda t: t.output.images, doc="Image files written this epoch: a writer appends, loggers read.")
 
     # --- small helpers ------------------------------------------------------------------
     @property
@@ -263,6 +268,7 @@ class Trainer:
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.tloss = None
+        self.new_images.clear()
         skip = resume_state.continue_epoch(self)  # a mid-epoch resume: the batches already trained are skipped
         self.batches_done = skip
         for batch_i, batch in enumerate(self.train_loader, start=skip):
@@ -307,6 +313,7 @@ class Trainer:
         if self.improved:
             self.best_epoch = self.epoch
         self.checkpointer.gather_rank_rng(self)
+        self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
         self.run_callbacks("on_model_save")
 
     def _log_callback_stats(self, top: int = 5) -> None:

@@ -118,7 +118,6 @@ class MLflow:
         self.tracking_uri: str | None = None
         self.owns_run = False  # we created (or reopened) the run, so we end it
         self.off = False  # switched off after a failure (one warning)
-        self.images = None
         self.uploaded: set[str] = set()
         self.resume_state: dict = {}
 
@@ -151,8 +150,6 @@ class MLflow:
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from yolo_cb.integrations.visualize import ImageTracker
-
         active = mlflow.active_run()
         artifact_root = None
         if active is not None:
@@ -170,7 +167,6 @@ class MLflow:
             if run_id is None:
                 run_id, how = self._create_run(client, trainer, artifact_root), "new run"
         self.client, self.run_id, self.tracking_uri, self.owns_run = client, run_id, uri, active is None
-        self.images = ImageTracker()
         self._log_params(trainer)
         run = client.get_run(run_id)
         experiment = client.get_experiment(run.info.experiment_id)
@@ -221,13 +217,11 @@ class MLflow:
     def _log_epoch(self, trainer) -> None:
         from mlflow.entities import Metric
 
-        values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
-        if trainer.validated_this_epoch:
-            values.update(trainer.metrics)
+        values = trainer.epoch_record.scalars()
         stamp = int(time.time() * 1000)
         metrics = [Metric(safe_key(k), float(v), stamp, int(trainer.epoch)) for k, v in values.items()]
         self.client.log_batch(self.run_id, metrics=metrics)
-        for path in self.images.new_images(trainer.save_dir):
+        for path in trainer.new_images:
             self._upload(path, None)
 
     def _upload(self, path: Path, artifact_path: str | None) -> None:

@@ -25,17 +25,13 @@ class TensorBoard:
 
     def __init__(self):
         self.writer = None
-        self.images = None
 
     def on_pretrain_routine_end(self, trainer):
         if not trainer.is_main:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        from yolo_cb.integrations.visualize import ImageTracker
-
         self.writer = SummaryWriter(log_dir=str(trainer.save_dir))
-        self.images = ImageTracker()
         LOGGER.info(f"TensorBoard: tensorboard --logdir {trainer.save_dir.parent} (view at http://localhost:6006/)")
         self.add_graph(trainer)
 
@@ -59,10 +55,7 @@ class TensorBoard:
     def on_fit_epoch_end(self, trainer):
         if self.writer is None:
             return
-        values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr}
-        if trainer.validated_this_epoch:
-            values.update(trainer.metrics)
-        for key, value in values.items():
+        for key, value in trainer.epoch_record.scalars().items():
             self.writer.add_scalar(key, float(value), trainer.epoch)
         self.add_new_images(trainer)
         self.writer.flush()
@@ -70,7 +63,7 @@ class TensorBoard:
     def add_new_images(self, trainer) -> None:
         from yolo_cb.integrations.visualize import image_tag, read_rgb
 
-        for path in self.images.new_images(trainer.save_dir):
+        for path in trainer.new_images:
             img = read_rgb(path)
             if img is not None:
                 tag, step = image_tag(path, trainer.epoch)

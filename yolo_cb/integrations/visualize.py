@@ -6,13 +6,13 @@
   1-based): the first validation batch with its labels / with the EMA model's predictions at conf >= 0.25.
 
 Drawing happens inside the epoch (on_train_batch_end, on_val_batch_end), so the files exist before on_fit_epoch_end;
-the TensorBoard and MLflow integrations pick up new files there (`ImageTracker`), whatever the registration order.
+each file written is appended to `trainer.new_images` (this epoch's), which the TensorBoard, MLflow and W&B
+integrations read there, whatever the registration order.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
@@ -20,7 +20,6 @@ from yolo_cb.utils.log import LOGGER
 
 TRAIN_BATCHES = 3  # how many training batches are drawn
 PRED_CONF = 0.25  # predictions below this score are not drawn
-IMAGE_PATTERNS = ("train_batch*.jpg", "val_batch*.jpg")  # the files this module writes
 
 
 @integration("visualize", enabled=lambda args: bool(args.plots))
@@ -49,6 +48,7 @@ class Visualize:
         batch = trainer.batch
         path = Path(trainer.save_dir) / f"train_batch{trainer.batch_i}.jpg"
         plot_batch(batch["img"], targets_to_boxes(batch["targets"], len(batch["img"])), _names(trainer.data.get("names")), path)
+        trainer.new_images.append(path)
 
     def on_fit_epoch_end(self, trainer):
         self.active = False
@@ -65,9 +65,11 @@ class Visualize:
         labels = save_dir / "val_batch0_labels.jpg"
         if not labels.exists():
             plot_batch(batch["img"], targets_to_boxes(batch["targets"], len(batch["img"])), names, labels)
+            validator.trainer.new_images.append(labels)
         preds = [p[p[:, 4] >= self.conf].detach().float().cpu() for p in validator.preds]
         path = save_dir / f"val_batch0_pred_epoch{self.epoch + 1}.jpg"
         plot_batch(batch["img"], preds, names, path, scores=True)
+        validator.trainer.new_images.append(path)
 
     def due(self) -> bool:
         """Predictions are drawn every `plot_period` epochs and at the last epoch."""
@@ -78,28 +80,6 @@ def _names(names) -> dict[int, str]:
     if isinstance(names, (list, tuple)):
         return dict(enumerate(map(str, names)))
     return {int(k): str(v) for k, v in dict(names or {}).items()}
-
-
-class ImageTracker:
-    """Finds visualisation JPEGs written in a run dir since this tracker was made, each once (for TensorBoard / MLflow)."""
-
-    def __init__(self):
-        self.since_ns = time.time_ns() - 2_000_000_000  # a little slack for coarse file-system timestamps
-        self.seen: set[tuple[str, int]] = set()
-
-    def new_images(self, save_dir: str | Path) -> list[Path]:
-        found = []
-        for pattern in IMAGE_PATTERNS:
-            for path in sorted(Path(save_dir).glob(pattern)):
-                try:
-                    mtime = path.stat().st_mtime_ns
-                except OSError:
-                    continue
-                key = (path.name, mtime)
-                if mtime >= self.since_ns and key not in self.seen:
-                    self.seen.add(key)
-                    found.append(path)
-        return found
 
 
 def image_tag(path: Path, epoch: int) -> tuple[str, int]:

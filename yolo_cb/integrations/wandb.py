@@ -33,7 +33,6 @@ class WandB:
         self.log_every = int(log_every)
         self.run = None
         self.run_id: str | None = None  # restored on resume: the same W&B run continues
-        self.images = None
 
     def state_dict(self) -> dict:
         return {"run_id": self.run_id}
@@ -46,14 +45,11 @@ class WandB:
             return
         import wandb
 
-        from yolo_cb.integrations.visualize import ImageTracker
-
         save_dir = Path(trainer.save_dir)
         project = os.environ.get("WANDB_PROJECT") or (Path(trainer.args.project).name if trainer.args.project else "yolo-cb")
         self.run = wandb.init(project=project, name=save_dir.name, dir=str(save_dir), config=trainer.args.as_dict(),
                               id=self.run_id, resume="allow" if self.run_id else None, reinit="create_new")
         self.run_id = self.run.id
-        self.images = ImageTracker()
         LOGGER.info(f"W&B: run {self.run.id} in project '{project}' (files in {save_dir / 'wandb'})")
 
 
@@ -70,10 +66,9 @@ class WandB:
 
         from yolo_cb.integrations.visualize import image_tag
 
-        values = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **trainer.lr, "epoch": trainer.epoch}
-        if trainer.validated_this_epoch:
-            values.update(trainer.metrics)
-        for path in self.images.new_images(trainer.save_dir):
+        record = trainer.epoch_record
+        values = {**record.train, **record.lr, "epoch": trainer.epoch, **(record.metrics if record.validated else {})}
+        for path in trainer.new_images:
             values[image_tag(path, trainer.epoch)[0]] = wandb.Image(str(path))
         self.run.log(values, step=(trainer.epoch + 1) * trainer.num_batches - 1)
 

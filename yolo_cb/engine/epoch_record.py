@@ -1,0 +1,47 @@
+"""The epoch record: one epoch's results, built once by the trainer, read by results.csv and every logger.
+
+`trainer.epoch_record` is made after validation, right before on_model_save, and stays until the next epoch's;
+`trainer.new_images` lists the image files written during the epoch. Both live in `trainer.output` (EpochOutput).
+Keys are Ultralytics' (the ones results.csv writes): train/<loss>, metrics/mAP50-95(B) ..., val/<loss>, fitness, lr/pg<i>.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int  # the epoch, 1-based (as results.csv numbers it)
+    time: float  # seconds since the run began, when the record was made (results.csv "time"), rounded to 1 ms
+    train: dict[str, float] = field(default_factory=dict)  # the epoch's mean train losses: train/iou_loss ...
+    metrics: dict[str, float] = field(default_factory=dict)  # the latest validated metrics (val losses, fitness included)
+    lr: dict[str, float] = field(default_factory=dict)  # lr/pg<i> of each parameter group at the epoch's end
+    validated: bool = False  # the metrics are this epoch's (val_period / val=False skip some epochs)
+
+    @classmethod
+    def of(cls, trainer) -> EpochRecord:
+        """The record of the epoch the trainer just trained and validated."""
+        return cls(epoch=trainer.epoch + 1, time=round(trainer.elapsed, 3), train=trainer.label_loss_items(trainer.tloss, prefix="train"),
+                   metrics=dict(trainer.metrics), lr=dict(trainer.lr), validated=bool(trainer.validated_this_epoch))
+
+    @property
+    def fitness(self) -> float | None:
+        return self.metrics.get("fitness")
+
+    def row(self) -> dict[str, float | int]:
+        """results.csv's row: epoch, time, train losses, metrics (the latest, validated this epoch or not), lrs."""
+        return {"epoch": self.epoch, "time": self.time, **self.train, **self.metrics, **self.lr}
+
+    def scalars(self) -> dict[str, float]:
+        """What the trackers log per epoch: train losses, lrs and, for an epoch that validated, the metrics."""
+        return {**self.train, **self.lr, **(self.metrics if self.validated else {})}
+
+
+@dataclass
+class EpochOutput:
+    """What an epoch produced for the loggers: its record and the image files written in it."""
+
+    record: EpochRecord | None = None  # the last epoch that reached on_model_save (None before the first)
+    images: list[Path] = field(default_factory=list)  # image files written this epoch (emptied at each epoch start)
