@@ -49,6 +49,18 @@ def scene(h: int, w: int, seed: int = 0) -> np.ndarray:
     return cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
 
 
+PACE = """import time
+seen = 0
+def pace(predictor):
+    global seen
+    seen += 1
+    if seen == 50:
+        open({marker!r}, "w").close()
+    if seen >= 50:
+        time.sleep(0.05)
+"""
+
+
 def cli_env(cwd: Path) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
 
@@ -176,11 +188,14 @@ def test_a_signal_during_video_predict_leaves_a_readable_video(weights, tmp_path
         writer.write(np.roll(frame, 4 * i, axis=1))
     writer.release()
     out = tmp_path / "runs" / "p" / "clip.mp4"
+    # a callback marks the 50th frame and then paces the rest, so the signal lands mid-video however busy the machine is
+    (tmp_path / "pace.py").write_text(PACE.format(marker=str(tmp_path / "frames_written")))
+    env = {**cli_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
     child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", f"model={weights}", f"source={video}", "imgsz=64",
-                              f"project={tmp_path / 'runs'}", "name=p"], cwd=tmp_path, env=cli_env(tmp_path),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              f"project={tmp_path / 'runs'}", "name=p", "callbacks=on_predict_batch_end=pace:pace"],
+                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        while child.poll() is None and not (out.is_file() and out.stat().st_size > 50_000):  # some frames are written
+        while child.poll() is None and not (tmp_path / "frames_written").exists():  # 50 frames are written
             threading.Event().wait(0.02)
         child.send_signal(sig)
         _, stderr = child.communicate(timeout=120)
