@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from yolo_cb.config import Config
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.freeze import freeze_layers
 from yolo_cb.utils import dist as distributed
@@ -78,15 +78,15 @@ def build_model(trainer) -> None:
     source = resolve_weights(trainer.model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
     init_ckpt = None
     if trainer.resume_ckpt is not None:
-        cfg = trainer.resume_ckpt["model_cfg"]
+        cfg = Checkpoint.of(trainer.resume_ckpt, args.resume).model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
-        init_ckpt = load_checkpoint(source)
-        cfg = init_ckpt["model_cfg"]
+        init_ckpt = read_checkpoint(source)
+        cfg = init_ckpt.model_cfg
     else:
         cfg = source
     model = build(cfg, nc=int(parts.data["nc"]), verbose=trainer.is_main, imgsz=args.imgsz)
     if args.pretrained and not isinstance(args.pretrained, bool):
-        init_ckpt = load_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+        init_ckpt = read_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
     model.names = dict(parts.data["names"])
@@ -105,12 +105,13 @@ def configure_criterion(args: Config, parts: Parts) -> None:
     refuse_unread_loss_settings(args, criterion)
 
 
-def load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
+def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
     """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
     YOLOX's prior bias). Returns the number of tensors transferred."""
     from yolo_cb.nn.yolox.head import PRIOR_PROB
 
-    source = ckpt.get("ema") or ckpt["model"]
+    ckpt = Checkpoint.of(ckpt)
+    source = ckpt.ema or ckpt.model
     own = model.state_dict()
     matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(matching, strict=False)
@@ -119,7 +120,7 @@ def load_matching_weights(model: torch.nn.Module, ckpt: dict) -> int:
     with torch.no_grad():
         for conv in fresh:  # fresh weights from the build; YOLOX's prior bias set here, whatever the head's own init
             conv.bias.fill_(-math.log((1 - PRIOR_PROB) / PRIOR_PROB))
-    classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.get('names') or {})}) " \
+    classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.names or {})}) " \
               f"with prior probability {PRIOR_PROB}" if fresh else ""
     LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint{classes}")
     return len(matching)

@@ -4,7 +4,8 @@ Keys: model, ema (state_dicts), optimizer, epoch, best_fitness, train_args, mode
 callbacks (callback states), rng (torch / numpy / python states), metrics, version, date; and for a safe
 resume: save_dir (the run folder, absolute), best_epoch and last_is_best (which epoch best.pt holds, and
 whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names); and
-tensors_crc32, the checksum every load verifies.
+tensors_crc32, the checksum every load verifies; format_version (FORMAT_VERSION). The typed view of that dict is
+`Checkpoint` (to_dict / from_dict); read_checkpoint(path) returns one.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import pickle
 import random
 import zipfile
 import zlib
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from yolo_cb import nn as detectors  # build_model read at call time (tests wrap it)
-from yolo_cb.errors import CheckpointError, os_reason
+from yolo_cb.errors import CheckpointError, os_reason, short_repr
 from yolo_cb.nn.yolox import megvii
 from yolo_cb.utils.files import atomic_write_bytes
 
@@ -31,6 +33,85 @@ class UnsafeCheckpointError(RuntimeError):
 
 
 CHECKSUM_KEY = "tensors_crc32"  # CRC-32 of every tensor's bytes, in key order: a flipped or torn record fails the load
+
+
+FORMAT_VERSION = 1  # the checkpoint layout written today; files without the key are older ones (0) and load with defaults
+VERSION_KEY = "format_version"
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint, typed. On disk it is the plain dict to_dict() gives (weights_only-loadable); from_dict reads one back,
+    and the defaults for keys older files lack live there only. Keys this version does not know are kept in `extras`."""
+
+    model: dict | None = None  # the model's state_dict (fp32 or the training dtype)
+    ema: dict | None = None  # the EMA model's state_dict; None: trained without EMA
+    ema_updates: int = 0  # EMA updates done (drives its decay ramp)
+    last_opt_step: int | None = None  # the iteration of the last optimizer step; None: not recorded (resume derives it)
+    optimizer: dict | None = None  # the optimizer's state_dict; None: stripped at the end of the run
+    scaler: dict | None = None  # the AMP GradScaler's state_dict; None: AMP off, or stripped
+    epoch: int = -1  # the last completed epoch (0-based; -1: none)
+    epochs: int | None = None  # the run's epochs setting; None: not recorded
+    best_fitness: float | None = None  # the best fitness so far (the one best.pt holds)
+    best_epoch: int | None = None  # the epoch best.pt holds; None: not recorded (older files) or none yet
+    last_is_best: bool = False  # these weights are best.pt's: a resume restores a best.pt a kill left behind
+    finished: bool = False  # the run ended (all epochs, or stopped early): not resumed
+    save_dir: str | None = None  # the run folder, absolute; resume only checks whether the file still lies in it
+    data_fingerprint: dict | None = None  # data YAML, image counts and names; None: older file (only names are compared)
+    fitness: float | None = None  # the last epoch's fitness
+    train_args: dict = field(default_factory=dict)  # the run's resolved settings, plain strings and numbers
+    model_cfg: dict = field(default_factory=dict)  # the architecture record (family, depth, width, nc, ...)
+    names: dict = field(default_factory=dict)  # class index -> name
+    callbacks: dict = field(default_factory=dict)  # the callbacks' states, by callback
+    rng: dict | None = None  # torch / numpy / python (/ cuda) RNG states of rank 0
+    rank_rng: list | None = None  # under DDP: every rank's RNG states; None in a single process
+    epoch_batches: int = 0  # batches of the next epoch already trained (a mid-epoch save); 0: at an epoch boundary
+    world_size: int = 1  # the number of ranks that trained
+    optimizer_steps: int = 0  # optimizer steps taken in the whole run
+    tloss: list | None = None  # a mid-epoch save: that epoch's mean losses so far
+    grads: dict | None = None  # a mid-epoch save: the gradients accumulated towards the next optimizer step
+    use_l1: bool = False  # the YOLOX L1 loss is on (the no-aug stage)
+    metrics: dict = field(default_factory=dict)  # the last validation metrics, name -> float
+    metrics_epoch: int | None = None  # the epoch those metrics are of
+    monitor_value: float | None = None  # the value the early-stopping / top-k monitor last saw
+    version: str | None = None  # the yolo-cb version that wrote it
+    date: str | None = None  # when it was written, UTC ISO 8601
+    format_version: int = FORMAT_VERSION  # the layout of this dict (FORMAT_VERSION); a newer one is refused
+    extras: dict = field(default_factory=dict)  # keys this version does not know (e.g. a converted file's source), kept as they are
+
+    KEYS: ClassVar[tuple[str, ...]] = ()  # the dict's keys, in order (set below)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict written to disk: every field under its own key, then the extras."""
+        return {**{key: getattr(self, key) for key in self.KEYS}, **self.extras}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], path: Any = None) -> Checkpoint:
+        """The typed checkpoint of a loaded dict (`path` names it in errors). A newer format_version is refused; keys an
+        older file lacks get the defaults above, except `finished`: older files marked a finished run by a stripped
+        optimizer. The checksum key is not kept: it was verified on load and is written again by every save."""
+        check_format_version(d, path)
+        known = {key: d[key] for key in cls.KEYS if key in d and key != VERSION_KEY}
+        if "finished" not in d:
+            known["finished"] = d.get("optimizer") is None
+        extras = {k: v for k, v in d.items() if k not in cls.KEYS and k != CHECKSUM_KEY}
+        return cls(**known, extras=extras)
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint | dict[str, Any], path: Any = None) -> Checkpoint:
+        """`ckpt` itself, or the typed view of a checkpoint dict (what load_checkpoint returns)."""
+        return ckpt if isinstance(ckpt, cls) else cls.from_dict(ckpt, path)
+
+
+Checkpoint.KEYS = tuple(f.name for f in fields(Checkpoint) if f.name != "extras")
+
+
+def check_format_version(d: dict[str, Any], path: Any) -> None:
+    """CheckpointError in one line, naming the file and its version, when `d` has a layout newer than FORMAT_VERSION."""
+    version = d.get(VERSION_KEY, 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint '{path or '?'}' has format_version {short_repr(version)}, newer than this yolo-cb reads "
+                              f"({FORMAT_VERSION}): upgrade yolo-cb to load it")
 
 
 def tensors_checksum(obj: Any) -> int:
@@ -114,7 +195,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             return megvii.convert(ckpt, path)
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
     verify_checksum(ckpt, path)
+    check_format_version(ckpt, path)
     return ckpt
+
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """load_checkpoint (every check it makes), typed."""
+    return Checkpoint.from_dict(load_checkpoint(path, map_location), path)
 
 
 def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = False):

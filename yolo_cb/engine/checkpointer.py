@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from yolo_cb.engine import resume, resume_state
-from yolo_cb.engine.checkpoint import model_from_checkpoint, rng_states, save_checkpoint, strip_optimizer
+from yolo_cb.engine.checkpoint import Checkpoint, model_from_checkpoint, rng_states, save_checkpoint, strip_optimizer
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils import dist as distributed
@@ -34,47 +34,51 @@ class Checkpointer:
             self.rank_rng = distributed.gather_object(rng_states())
 
     def checkpoint_dict(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> dict:
-        """Trainer.checkpoint_dict: the plain-data checkpoint (see DESIGN.md)."""
+        """Trainer.checkpoint_dict: the plain-data checkpoint (see DESIGN.md), the dict of `checkpoint`."""
+        return self.checkpoint(trainer, epoch, batches_done).to_dict()
+
+    def checkpoint(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
+        """The trainer's state as a Checkpoint."""
         from yolo_cb.version import __version__
 
         p, step, ema = trainer.state.progress, trainer.step, trainer.ema
         epoch = p.completed_epoch if epoch is None else epoch
         batches_done = (p.batches_done if p.completed_epoch < p.epoch else 0) if batches_done is None else batches_done
-        return {
-            "model": {k: v.detach().clone() for k, v in unwrap(trainer.model).state_dict().items()},
-            "ema": {k: v.detach().clone() for k, v in ema.ema.state_dict().items()} if ema else None,
-            "ema_updates": ema.updates if ema else 0,
-            "last_opt_step": step.last_opt_step,
-            "optimizer": trainer.optimizer.state_dict(),
-            "scaler": step.scaler.state_dict() if step.scaler.is_enabled() else None,
-            "epoch": epoch,
-            "epochs": p.epochs,
-            "best_fitness": trainer.best_fitness,
-            "best_epoch": trainer.best_epoch,
+        return Checkpoint(
+            model={k: v.detach().clone() for k, v in unwrap(trainer.model).state_dict().items()},
+            ema={k: v.detach().clone() for k, v in ema.ema.state_dict().items()} if ema else None,
+            ema_updates=ema.updates if ema else 0,
+            last_opt_step=step.last_opt_step,
+            optimizer=trainer.optimizer.state_dict(),
+            scaler=step.scaler.state_dict() if step.scaler.is_enabled() else None,
+            epoch=epoch,
+            epochs=p.epochs,
+            best_fitness=trainer.best_fitness,
+            best_epoch=trainer.best_epoch,
             # these weights are best.pt's (written just before it): on resume they restore a best.pt a kill left behind
-            "last_is_best": trainer.best_epoch is not None and trainer.best_epoch == epoch and not p.stepped,
-            "finished": False,  # set when the run ends (strip_optimizer): a finished run is not resumed
-            "save_dir": str(Path(trainer.save_dir).resolve()) if trainer.save_dir else None,  # resume verifies it
-            "data_fingerprint": trainer.data_fingerprint(),
-            "fitness": trainer.fitness,
-            "train_args": trainer.args.as_dict(),
-            "model_cfg": dict(trainer.model_cfg),
-            "names": {int(k): str(v) for k, v in trainer.data["names"].items()},
-            "callbacks": trainer.callbacks.state_dict(),
-            "rng": rng_states(),
-            "rank_rng": self.rank_rng if trainer.world_size > 1 else None,
-            "epoch_batches": batches_done,
-            "world_size": trainer.world_size,
-            "optimizer_steps": p.optimizer_steps,
-            "tloss": trainer.tloss.tolist() if batches_done and trainer.tloss is not None else None,
-            "grads": resume_state.partial_grads(trainer.model) if batches_done else None,
-            "use_l1": isinstance(trainer.criterion, YOLOXLoss) and trainer.criterion.use_l1,
-            "metrics": {k: float(v) for k, v in trainer.metrics.items()},
-            "metrics_epoch": trainer.metrics_epoch,
-            "monitor_value": trainer.monitor_value,
-            "version": __version__,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+            last_is_best=trainer.best_epoch is not None and trainer.best_epoch == epoch and not p.stepped,
+            finished=False,  # set when the run ends (strip_optimizer): a finished run is not resumed
+            save_dir=str(Path(trainer.save_dir).resolve()) if trainer.save_dir else None,  # resume verifies it
+            data_fingerprint=trainer.data_fingerprint(),
+            fitness=trainer.fitness,
+            train_args=trainer.args.as_dict(),
+            model_cfg=dict(trainer.model_cfg),
+            names={int(k): str(v) for k, v in trainer.data["names"].items()},
+            callbacks=trainer.callbacks.state_dict(),
+            rng=rng_states(),
+            rank_rng=self.rank_rng if trainer.world_size > 1 else None,
+            epoch_batches=batches_done,
+            world_size=trainer.world_size,
+            optimizer_steps=p.optimizer_steps,
+            tloss=trainer.tloss.tolist() if batches_done and trainer.tloss is not None else None,
+            grads=resume_state.partial_grads(trainer.model) if batches_done else None,
+            use_l1=isinstance(trainer.criterion, YOLOXLoss) and trainer.criterion.use_l1,
+            metrics={k: float(v) for k, v in trainer.metrics.items()},
+            metrics_epoch=trainer.metrics_epoch,
+            monitor_value=trainer.monitor_value,
+            version=__version__,
+            date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
 
     def save_on_error(self, trainer) -> None:
         """On an exception or signal: save last.pt with the current weights (epoch = last completed one).

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.config import Config, coerce, get_config, load_cfg_file
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.engine.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings_schema import RULES
 from yolo_cb.utils.dist import rank
@@ -49,9 +49,9 @@ class ResumePlan(NamedTuple):
     finished: bool
 
 
-def is_finished(ckpt: dict[str, Any]) -> bool:
+def is_finished(ckpt: Checkpoint | dict[str, Any]) -> bool:
     """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
-    return bool(ckpt["finished"]) if "finished" in ckpt else ckpt.get("optimizer") is None
+    return bool(Checkpoint.of(ckpt).finished)
 
 
 def _not_set(value: Any) -> bool:
@@ -126,10 +126,11 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     value = overrides["resume"]
     path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
     ckpt = load_checkpoint(path)
+    record = Checkpoint.from_dict(ckpt, path)
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
-    finished = is_finished(ckpt)
-    saved = resumable_settings(dict(ckpt.get("train_args") or {}), given, path, trains=not finished)  # no code, no place to write
+    finished = record.finished
+    saved = resumable_settings(dict(record.train_args or {}), given, path, trains=not finished)  # no code, no place to write
     requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
     requested.resume = str(path)
     if finished:
@@ -140,10 +141,10 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     if changed:
         raise ConfigError(f"cannot change {', '.join(f'{k}={overrides[k]!r} (was {saved[k]!r})' for k in changed)} when resuming {path}: "
                           f"that would change what is being trained. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE - {'resume', 'mode'}))}")
-    if requested.epochs < int(ckpt.get("epochs", requested.epochs)):
-        raise ConfigError(f"epochs={requested.epochs} is smaller than the checkpoint's {ckpt.get('epochs')}; only a larger epochs may be given on resume")
-    check_resume_model(model, ckpt, path)
-    check_resume_data(requested, ckpt, path)
+    if record.epochs is not None and requested.epochs < int(record.epochs):
+        raise ConfigError(f"epochs={requested.epochs} is smaller than the checkpoint's {record.epochs}; only a larger epochs may be given on resume")
+    check_resume_model(model, record, path)
+    check_resume_data(requested, record, path)
     requested.exist_ok = True
     return requested, ckpt, path
 
@@ -153,8 +154,8 @@ def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
     metrics, the weights to use from now on: best.pt, else the checkpoint); ResumeError when epochs= asks for more."""
     from yolo_cb.engine.val_metrics import DetectionMetrics
 
-    args, ckpt, path = resumed.args, resumed.ckpt, resumed.path
-    done, total = int(ckpt.get("epoch", -1)) + 1, int(ckpt.get("epochs") or 0)
+    args, ckpt, path = resumed.args, Checkpoint.of(resumed.ckpt, resumed.path), resumed.path
+    done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
     how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
     best = path.parent / "best.pt"
     weights = best if best.is_file() else path
@@ -164,7 +165,7 @@ def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
                           f"(its optimizer state was dropped at the end). To train further, {hint}")
     LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
                 f"To train further (fine-tune), {hint}")
-    return DetectionMetrics({k: float(v) for k, v in (ckpt.get("metrics") or {}).items()}, names=ckpt.get("names")), weights
+    return DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights
 
 
 # --- which settings ---------------------------------------------------------------------------------------------------
@@ -229,13 +230,14 @@ def _same_data_yaml(a: Any, b: Any) -> bool:
         return False
 
 
-def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
+def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -> None:
     """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
     weights the run started from are fine; anything else would be silently ignored, so it is an error."""
     if model is None:
         return
-    recorded = (ckpt.get("train_args") or {}).get("model")
-    was = recorded or f"the architecture {ckpt.get('model_cfg')}"
+    ckpt = Checkpoint.of(ckpt, path)
+    recorded = (ckpt.train_args or {}).get("model")
+    was = recorded or f"the architecture {ckpt.model_cfg}"
     refuse = ResumeError(f"cannot change model={model} (was {was}) when resuming {path}: resume continues the checkpoint's own "
                          f"model and weights. Resume without model=, or start a new run: yolo-cb train model={model} data=...")
     if str(model).endswith(".pt"):
@@ -246,13 +248,13 @@ def check_resume_model(model: str | None, ckpt: dict, path: Path) -> None:
     from yolo_cb.nn.build import load_model_cfg
 
     arch, _ = load_model_cfg(str(model))
-    stored = ckpt.get("model_cfg") or {}
+    stored = ckpt.model_cfg or {}
     shared = (set(arch) & set(stored)) - {"nc"}  # the whole record (nc is the dataset's); keys an older file lacks are skipped
     if any(arch[k] != stored[k] for k in shared) or arch.get("family", "yolox") != stored.get("family", "yolox"):
         raise refuse
 
 
-def check_resume_data(args, ckpt: dict, path: Path) -> None:
+def check_resume_data(args, ckpt: Checkpoint | dict, path: Path) -> None:
     """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
     from yolo_cb.data.resolve import check_data
 
@@ -280,11 +282,12 @@ def describe_dataset(fingerprint: dict[str, Any]) -> str:
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 
-def check_same_dataset(ckpt: dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
+def check_same_dataset(ckpt: Checkpoint | dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
     """Refuse (ResumeError) to resume `ckpt` on a dataset other than the one it was trained on, naming both."""
-    old = ckpt.get("data_fingerprint")
+    ckpt = Checkpoint.of(ckpt, path)
+    old = ckpt.data_fingerprint
     if old is None:  # an older checkpoint: only its class names are known
-        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.get("names") or {}).items())]
+        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.names or {}).items())]
         if old_names and old_names != fingerprint["names"]:
             raise ResumeError(f"cannot resume {path}: it was trained on the classes {old_names}, but the dataset is now "
                               f"{describe_dataset(fingerprint)}. Resume needs the dataset the run was trained on.")
@@ -297,12 +300,12 @@ def check_same_dataset(ckpt: dict[str, Any], fingerprint: dict[str, Any], path: 
 
 
 # --- which folder -----------------------------------------------------------------------------------------------------
-def run_folder(args: Config, ckpt: dict) -> Path:
+def run_folder(args: Config, ckpt: Checkpoint | dict) -> Path:
     """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
     other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
     checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
     path = Path(str(args.resume)).expanduser().resolve()
-    recorded, own = ckpt.get("save_dir"), path.parent.parent
+    recorded, own = Checkpoint.of(ckpt, path).save_dir, path.parent.parent
     at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
     named = (Path(args.project) if args.project else default_project(args)) / (args.name or own.name)
     if at_home and (not (args.project or args.name) or named.resolve() == own):

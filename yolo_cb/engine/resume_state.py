@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from yolo_cb.engine.checkpoint import checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
+from yolo_cb.engine.checkpoint import Checkpoint, checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.resume import check_same_dataset
 from yolo_cb.nn.yolox.loss import YOLOXLoss
@@ -29,11 +29,12 @@ class MidEpoch(NamedTuple):
     grads: dict | None
 
 
-def resume_position(ckpt: dict | None) -> str | None:
+def resume_position(ckpt: Checkpoint | dict | None) -> str | None:
     """Where a checkpoint resumes ("epoch 3, batch 40, step 1234"), to compare ranks' checkpoints; None for a fresh run."""
     if ckpt is None:
         return None
-    return f"epoch {int(ckpt['epoch']) + 2}, batch {int(ckpt.get('epoch_batches') or 0)}, step {int(ckpt.get('optimizer_steps', 0))}, {ckpt.get('date')}"
+    ckpt = Checkpoint.of(ckpt)
+    return f"epoch {int(ckpt.epoch) + 2}, batch {int(ckpt.epoch_batches or 0)}, step {int(ckpt.optimizer_steps)}, {ckpt.date}"
 
 
 def agree_on_checkpoint(trainer) -> None:
@@ -52,19 +53,20 @@ def agree_on_checkpoint(trainer) -> None:
         trainer.resume_ckpt = received
 
 
-def restore_best(ckpt: dict, resumed: str | Path, best: Path) -> None:
+def restore_best(ckpt: Checkpoint | dict, resumed: str | Path, best: Path) -> None:
     """Make best.pt hold the epoch the checkpoint (at `resumed`) says: a kill between the last.pt and best.pt writes leaves
     it missing or one improvement behind, and best.pt would otherwise only come back after a strictly better epoch."""
-    want = ckpt.get("best_epoch")
+    ckpt = Checkpoint.of(ckpt, resumed)
+    want = ckpt.best_epoch
     if want is None:
         return  # an older checkpoint: it does not say which epoch best.pt holds
     have = checkpoint_epoch(best)
     if have == want:
         return
     resumed = Path(str(resumed)).expanduser()
-    source = resumed if ckpt.get("last_is_best") else None
+    source = resumed if ckpt.last_is_best else None
     if source is None:  # a moved or copied run: the right best.pt may lie next to the checkpoint or in the recorded run folder
-        places = [resumed.parent / "best.pt"] + ([Path(ckpt["save_dir"]) / "weights" / "best.pt"] if ckpt.get("save_dir") else [])
+        places = [resumed.parent / "best.pt"] + ([Path(ckpt.save_dir) / "weights" / "best.pt"] if ckpt.save_dir else [])
         source = next((p for p in places if p.resolve() != best.resolve() and checkpoint_epoch(p) == want), None)
     state = "missing" if have is None else f"of epoch {have + 1}"
     if source is not None:
@@ -75,35 +77,37 @@ def restore_best(ckpt: dict, resumed: str | Path, best: Path) -> None:
                        f"it is written again when fitness improves")
 
 
-def load_state(trainer, ckpt: dict) -> None:
+def load_state(trainer, ckpt: Checkpoint | dict) -> None:
     """Restore the built trainer from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, callback states, RNG;
     refuses (ResumeError) a dataset other than the checkpoint's."""
-    load_weights_strictly(unwrap(trainer.model), ckpt["model"], f"checkpoint '{trainer.args.resume}'")
-    if ckpt.get("optimizer"):
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+    ckpt = Checkpoint.of(ckpt, trainer.args.resume)
+    load_weights_strictly(unwrap(trainer.model), ckpt.model, f"checkpoint '{trainer.args.resume}'")
+    if ckpt.optimizer:
+        trainer.optimizer.load_state_dict(ckpt.optimizer)
     else:
         LOGGER.warning("WARNING the checkpoint has no optimizer state (a finished run); the optimizer starts fresh")
-    if trainer.ema is not None and ckpt.get("ema"):
-        trainer.ema.ema.load_state_dict(ckpt["ema"])
-        trainer.ema.updates = int(ckpt.get("ema_updates", 0))
-    if ckpt.get("scaler") and trainer.scaler.is_enabled():
-        trainer.scaler.load_state_dict(ckpt["scaler"])
-    trainer.start_epoch = int(ckpt["epoch"]) + 1
+    if trainer.ema is not None and ckpt.ema:
+        trainer.ema.ema.load_state_dict(ckpt.ema)
+        trainer.ema.updates = int(ckpt.ema_updates)
+    if ckpt.scaler and trainer.scaler.is_enabled():
+        trainer.scaler.load_state_dict(ckpt.scaler)
+    trainer.start_epoch = int(ckpt.epoch) + 1
     trainer.completed_epoch = trainer.start_epoch - 1
-    trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.get("best_fitness"), ckpt.get("best_epoch"), ckpt.get("fitness")
-    trainer.metrics = dict(ckpt.get("metrics") or {})
-    trainer.metrics_epoch, trainer.monitor_value = ckpt.get("metrics_epoch"), ckpt.get("monitor_value")
+    trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.best_fitness, ckpt.best_epoch, ckpt.fitness
+    trainer.metrics = dict(ckpt.metrics or {})
+    trainer.metrics_epoch, trainer.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
     if isinstance(trainer.criterion, YOLOXLoss):
-        trainer.criterion.set_l1(bool(ckpt.get("use_l1", False)))
-    trainer.last_opt_step = int(ckpt.get("last_opt_step", trainer.start_epoch * trainer.num_batches - 1))
-    trainer.callbacks.load_state_dict(ckpt.get("callbacks") or {})
+        trainer.criterion.set_l1(bool(ckpt.use_l1))
+    recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
+    trainer.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
+    trainer.callbacks.load_state_dict(ckpt.callbacks or {})
     restore_rng(ckpt, trainer.world_size, trainer.rank)
-    trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
+    trainer.optimizer_steps = int(ckpt.optimizer_steps)
     skip = resume_batches(ckpt, trainer.num_batches, trainer.world_size, trainer.args.batch)
     trainer.epoch, trainer.batches_done = min(trainer.start_epoch, trainer.epochs - 1), skip  # where a save before the loop resumes
     if skip:
         trainer.stepped = True
-        trainer.mid_epoch = MidEpoch(skip, torch.tensor(ckpt["tloss"]) if ckpt.get("tloss") is not None else None, ckpt.get("grads"))
+        trainer.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
     check_same_dataset(ckpt, trainer.data_fingerprint(), trainer.args.resume)
     if trainer.start_epoch >= trainer.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {trainer.epochs} epochs are trained; finishing the run (final validation of best.pt)")
@@ -113,11 +117,12 @@ def load_state(trainer, ckpt: dict) -> None:
         LOGGER.info(f"resuming from epoch {trainer.start_epoch + 1} of {trainer.epochs}")
 
 
-def resume_batches(ckpt: dict, num_batches: int, world_size: int, batch: int) -> int:
+def resume_batches(ckpt: Checkpoint | dict, num_batches: int, world_size: int, batch: int) -> int:
     """Batches of the resumed epoch already trained. Saved with another number of ranks or batch size, the epoch
     continues after about as many images (the shards differ, so not exactly the same images)."""
-    done = int(ckpt.get("epoch_batches") or 0)
-    old_world, old_batch = int(ckpt.get("world_size") or 1), int((ckpt.get("train_args") or {}).get("batch") or batch)
+    ckpt = Checkpoint.of(ckpt)
+    done = int(ckpt.epoch_batches or 0)
+    old_world, old_batch = int(ckpt.world_size or 1), int((ckpt.train_args or {}).get("batch") or batch)
     if not done or (old_world, old_batch) == (world_size, batch):
         return done
     images = done * old_batch * old_world
@@ -127,12 +132,13 @@ def resume_batches(ckpt: dict, num_batches: int, world_size: int, batch: int) ->
     return batches
 
 
-def restore_rng(ckpt: dict, world_size: int, rank: int) -> None:
+def restore_rng(ckpt: Checkpoint | dict, world_size: int, rank: int) -> None:
     """Single process: the checkpoint's RNG states. DDP: each rank its own (rank 0 gathered them); with another number of
     ranks than saved, the ranks keep their fresh seeds (seed + rank): the run continues, not bit-exactly."""
-    per_rank = ckpt.get("rank_rng")
-    if world_size == 1 and ckpt.get("rng"):
-        set_rng_states(ckpt["rng"])
+    ckpt = Checkpoint.of(ckpt)
+    per_rank = ckpt.rank_rng
+    if world_size == 1 and ckpt.rng:
+        set_rng_states(ckpt.rng)
     elif per_rank and len(per_rank) == world_size:
         set_rng_states(per_rank[rank])
     elif world_size > 1:
