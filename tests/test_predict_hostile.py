@@ -61,6 +61,13 @@ def pace(predictor):
 """
 
 
+def default_signals() -> None:
+    """In the child: SIGINT and SIGTERM at their defaults, as in a shell (an ignored SIGINT, left by an earlier test in
+    this pytest process, is inherited through exec, and Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def cli_env(cwd: Path) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
 
@@ -193,7 +200,8 @@ def test_a_signal_during_video_predict_leaves_a_readable_video(weights, tmp_path
     env = {**cli_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
     child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", f"model={weights}", f"source={video}", "imgsz=64",
                               f"project={tmp_path / 'runs'}", "name=p", "callbacks=on_predict_batch_end=pace:pace"],
-                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=default_signals)
     try:
         while child.poll() is None and not (tmp_path / "frames_written").exists():  # 50 frames are written
             threading.Event().wait(0.02)
