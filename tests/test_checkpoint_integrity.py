@@ -9,22 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_checkpoint_trust
 import torch
-from test_resume_safety import SMALL, cli, kv, write_data
 
 from yolo_cb.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, shapes_dir) -> tuple[Path, Path]:
-    """(last.pt of an unfinished two-epoch run stopped after epoch 1, its data YAML)."""
-    root = tmp_path_factory.mktemp("integrity")
-    data = write_data(root / "data", shapes_dir)
-    done = cli(root, *kv({**SMALL, "data": data, "epochs": 1, "project": root / "runs", "name": "base"}))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root / "runs" / "base" / "weights" / "last.pt", data
+trained = test_checkpoint_trust.trained  # the finished one-epoch run and its data YAML, made once per module
 
 
 def flip_inside_largest_tensor(source: Path, target: Path, size: int = 4096) -> None:
