@@ -12,8 +12,9 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import describe_settings, load_defaults
+from yolo_cb.config import describe_settings, get_config, load_defaults
 from yolo_cb.errors import UserError
+from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
@@ -112,12 +113,9 @@ def run(argv: list[str]) -> object:
     if mode == "cfg":
         print_settings()
         return None
-    from yolo_cb.config import get_config
-    from yolo_cb.utils.log import setup_logging
-
     args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}

@@ -15,6 +15,7 @@ from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.engine import build, resume_state
+from yolo_cb.engine.backend import select_device
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
 from yolo_cb.engine.ema import ModelEMA, unwrap
@@ -229,8 +230,6 @@ class Trainer:
 
     # --- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:
-        from yolo_cb.engine.backend import select_device
-
         args = self.args
         self.place.join_distributed(args.device)
         if self.world_size == 1:
