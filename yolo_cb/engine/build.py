@@ -51,6 +51,7 @@ class Parts:
     loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
     frozen: list[str] = field(default_factory=list)  # the modules freeze= froze (parameters and BatchNorm statistics as loaded)
     num_batches: int = 0
+    lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
