@@ -121,6 +121,8 @@ def run(argv: list[str]) -> object:
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+    if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
+        return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
 

@@ -21,7 +21,7 @@ from torch import nn
 from yolo_cb import paths
 from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.config import ConfigError, get_config
+from yolo_cb.config import Config, ConfigError, get_config
 from yolo_cb.engine import resume
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
@@ -152,13 +152,14 @@ class YOLO:
         """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
         attributes). trainer= takes a subclass of yolo_cb.engine.trainer.Trainer to train with."""
         kwargs = dict(kwargs)
+        resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
         source, model_named = self._train_source(kwargs.pop("model", None))
         kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
         if resuming is not None and resuming.finished:
             setup_logging(resuming.args.verbose)
             return self._finished_run(resuming, kwargs)
-        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source)
+        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source, resolved)
         setup_logging(args.verbose)
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
@@ -277,14 +278,14 @@ def _trainer_class(trainer_class: Any) -> type:
     return trainer_class
 
 
-def fresh_train_args(overrides: dict[str, Any], source: Any):
+def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None):
     """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
-    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made."""
-
-    args = get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
-    resolved = resolve_weights(source, args.weights_dir)
-    if resolved is not source:
-        source = args.model = str(resolved)
+    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
+    overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
+    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    weights = resolve_weights(source, args.weights_dir)
+    if weights is not source:
+        source = args.model = str(weights)
     args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
     if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
         load_model_cfg(source)
