@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from yolo_cb import paths
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import ConfigError, get_config
+from yolo_cb.engine.trainer import Trainer
+from yolo_cb.engine.trainer_hooks import refuse_unread_hooks
 from yolo_cb.utils.log import setup_logging
 
 if TYPE_CHECKING:
@@ -287,13 +289,59 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 
 
 def _trainer_class(trainer_class: Any) -> type:
-    from yolo_cb.engine.trainer import Trainer
-
     trainer_class = trainer_class or Trainer
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
         raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
                           f"(the class itself, not an instance)")
+    refuse_unread_hooks(trainer_class, Trainer)
     return trainer_class
+
+
+class DetectionTrainer(Trainer):
+    """Ultralytics' `DetectionTrainer(overrides={...}).train()`: `overrides` are the settings YOLO().train(**overrides) takes
+    (model= included; resume= too), `_callbacks` a Callbacks or a mapping event -> functions. Built by train(trainer=...),
+    it is a Trainer like any other."""
+
+    def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: Any = None, *, callbacks: Any = None, model: Any = None):
+        from yolo_cb.config import Config
+
+        if isinstance(cfg, Config):  # YOLO().train(trainer=DetectionTrainer subclass): the facade resolved the settings
+            super().__init__(cfg, callbacks=callbacks, model=model)
+            return
+        refuse_unread_hooks(type(self), Trainer)
+        args, source, resuming = _direct_train_args({**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})})
+        user = Callbacks()
+        for event, fns in (_callbacks.items() if _callbacks is not None else ()):
+            for fn in fns:
+                user.add_callback(event, fn)
+        super().__init__(args, callbacks=_trainer_callbacks(args, user), model=source if resuming is None else None)
+        if resuming is not None:
+            self.resume_ckpt = resuming.ckpt
+
+
+def _trainer_callbacks(args, user: Callbacks) -> Callbacks:
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
+
+    return build_trainer_callbacks(args, user)
+
+
+def _direct_train_args(overrides: dict) -> tuple[Any, Any, Any]:
+    """(settings, model source, the resume or None) of a trainer built directly; a finished run or a self-launched DDP run
+    is refused (those need YOLO().train(), which handles them)."""
+    from yolo_cb.engine import resume
+    from yolo_cb.engine.ddp import world_size_for
+
+    source = overrides.pop("model", None)
+    overrides, resuming = resume.plan(overrides, model=source)
+    if resuming is not None and resuming.finished:
+        raise ConfigError(f"{resuming.path} is from a finished run: there is nothing to resume. YOLO('{resuming.path}').train(resume=True) "
+                          f"says what it holds; to train further start a new run from it (model={resuming.path})")
+    args, source = (resuming.args, source) if resuming is not None else fresh_train_args(overrides, source or DEFAULT_MODEL)
+    if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:
+        raise ConfigError("DetectionTrainer(overrides=...) cannot launch DDP workers itself (nproc / a device list > 1): use "
+                          "YOLO(model).train(...), which does, or run your script under torchrun")
+    setup_logging(args.verbose)
+    return args, source, resuming
 
 
 def fresh_train_args(overrides: dict[str, Any], source: Any):

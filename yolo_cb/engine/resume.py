@@ -75,6 +75,16 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
     return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt))
 
 
+def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
+    """The checkpoint resume=`value` names: a path; or for resume=True the model the user named when it is a checkpoint
+    file (Ultralytics' `YOLO("runs/detect/x/weights/last.pt").train(resume=True)`), else the newest last.pt under project."""
+    if value not in (True, "True", "true"):
+        return Path(str(value)).expanduser()
+    if model is not None and str(model).endswith((".pt", ".pth")) and Path(str(model)).expanduser().is_file():
+        return Path(str(model)).expanduser()
+    return find_last_checkpoint(project)
+
+
 def find_last_checkpoint(project: str | None) -> Path:
     root = Path(project) if project else default_project()
     candidates = sorted(root.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
@@ -123,8 +133,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
     nothing will be trained (the caller says so)."""
-    value = overrides["resume"]
-    path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
+    path = checkpoint_to_resume(overrides["resume"], model, overrides.get("project"))
     ckpt = load_checkpoint(path)
     record = Checkpoint.from_dict(ckpt, path)
     path = path.resolve()
