@@ -74,14 +74,14 @@ def test_detection_trainer_with_overrides_trains(tiny):
 @pytest.mark.parametrize("flag", ["stop_training", "should_stop", "should_training_stop"])
 def test_foreign_stop_flags_are_refused_at_the_write(flag):
     trainer = Trainer.__new__(Trainer)
-    with pytest.raises(AttributeError, match=rf"trainer.{flag} is .*stop flag.*set trainer.stop = True"):
+    with pytest.raises(AttributeError, match=rf"trainer.{flag} is the stop flag of .*set trainer.stop = True"):
         setattr(trainer, flag, True)
 
 
 def test_a_foreign_stop_flag_in_training_stops_with_the_line_naming_trainer_stop(tiny):
     model = YOLO("yolox-nano.yaml")
     model.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop_training", True))
-    with pytest.raises(CallbackError, match=r"trainer.stop_training is Keras / SuperGradients' stop flag.*trainer.stop = True"):
+    with pytest.raises(CallbackError, match=r"trainer.stop_training is the stop flag of Keras / SuperGradients.*trainer.stop = True"):
         model.train(**{**tiny, "epochs": 3})
     assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt")["epoch"] == 0
 

@@ -32,5 +32,5 @@ FOREIGN_STOP_FLAGS: dict[str, str] = {"stop_training": "Keras / SuperGradients",
 def refuse_foreign_stop_flag(name: str) -> None:
     """AttributeError (one line) for a write of another framework's stop flag on the trainer."""
     if name in FOREIGN_STOP_FLAGS:
-        raise AttributeError(f"trainer.{name} is {FOREIGN_STOP_FLAGS[name]}'s stop flag, which yolo-cb does not read: set "
+        raise AttributeError(f"trainer.{name} is the stop flag of {FOREIGN_STOP_FLAGS[name]}, which yolo-cb does not read: set "
                              f"trainer.stop = True (optionally trainer.stop_reason = '...') to end the run after this batch or epoch")
