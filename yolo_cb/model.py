@@ -45,8 +45,9 @@ class YOLO:
         self.metrics: DetectionMetrics | None = None
         self._module: tuple[str | None, Any] | None = None  # (source, the loaded model) behind `model.model`
         self.overrides: dict[str, Any] = {}
-        from yolo_cb.weights import is_weights_name
+        from yolo_cb.weights import is_weights_name, refuse_ultralytics_weights
 
+        refuse_ultralytics_weights(self.source)  # YOLO("yolo11n.pt"): another architecture, said at once
         if self.source and self.source.endswith((".pt", ".pth")) and not is_weights_name(self.source):  # a name: fetched on first use
             self._read_overrides()
 
@@ -63,6 +64,7 @@ class YOLO:
 
         named = kwargs.get("model", self.source)
         if not is_weights_name(named):
+            resolve_weights(named)  # refuses an Ultralytics weights name
             return kwargs
         path = str(resolve_weights(named, get_config({k: v for k, v in kwargs.items() if k in ("cfg", "weights_dir")}).weights_dir))
         if "model" in kwargs:

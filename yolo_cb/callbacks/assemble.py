@@ -19,6 +19,8 @@ from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.lr_schedule import schedule_callback
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs
+from yolo_cb.errors import ConfigError
+from yolo_cb.settings_schema import load_defaults
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
@@ -95,6 +97,11 @@ def importable(module: str) -> bool:
         return False
 
 
+def _asked_for(name: str, args: Any) -> bool:
+    """Whether the integration's setting is off by default and this run turned it on (an on-by-default one only warns)."""
+    return load_defaults().get(name) in (False, None) and bool(getattr(args, name, None))
+
+
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
     """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
     load_builtins()
@@ -107,6 +114,8 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
         if not spec.enabled(args):
             continue
         missing = [hint for module, hint in spec.requires.items() if not importable(module)]
+        if missing and _asked_for(name, args):  # wandb=True given: the run must not start without it
+            raise ConfigError(f"{name}=True needs {', '.join(spec.requires)}, which is not installed: {'; '.join(missing)} (or {name}=False)")
         if missing:
             LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
             continue
