@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.callbacks import Callbacks, CallbackError
+from yolo_cb.callbacks import CallbackError, Callbacks
 from yolo_cb.config import ConfigError
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.engine.trainer import Trainer

@@ -182,6 +182,10 @@ class Callbacks:
         raises with a suggestion rather than returning a list that registers nothing."""
         return self[event]
 
+    def setdefault(self, event: str, default: Any = None) -> EventCallbacks:
+        """`callbacks.setdefault(event, []).append(fn)` (Ultralytics' dict habit): every event has its live list already."""
+        return self[event]
+
     def entries(self, event: str | None = None) -> list[Entry]:
         if event is not None:
             return list(self._entries.get(check_event(event), []))
@@ -344,3 +348,6 @@ def rank_zero_only(fn: Callable) -> Callable:
 
     wrapper.rank_zero_only = True
     return wrapper
+
+
+multi_process_safe = rank_zero_only  # SuperGradients' name for the same decorator
