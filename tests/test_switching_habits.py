@@ -4,6 +4,7 @@ there, or fails at once with one line saying what to write; none is silently ign
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,97 @@ def test_stop_before_the_first_epoch_trains_nothing(tiny):
     model.train(**{**tiny, "epochs": 2})
     weights = Path(tiny["project"]) / tiny["name"] / "weights"
     assert batches == [] and not (weights / "last.pt").exists() and not (weights / "best.pt").exists()
+
+
+# --- docs/callbacks.md "Habits from other frameworks, one by one": every example runs --------------------------------
+def test_every_habit_example_runs(tiny, capsys):
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "callbacks.md").read_text()
+    section = text[text.index("## Habits from other frameworks, one by one"):]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 4
+    model, settings = YOLO("yolox-nano.yaml"), {}
+    for code in blocks:
+        namespace = {"model": model}
+        exec(compile(code, "docs/callbacks.md habit example", "exec"), namespace)  # noqa: S102 - the documented code
+        settings.update(namespace.get("settings", {}))
+    said = capsys.readouterr().out
+    assert "takes (trainer, pl_module), but yolo-cb calls it with one argument, the trainer" in said
+    model.train(**{**tiny, "epochs": 3, **settings})
+    run = Path(tiny["project"]) / tiny["name"]
+    said = capsys.readouterr().out
+    assert "trainer.stop_training is the stop flag of Keras / SuperGradients" in said and "trained 3 epochs" in said
+    assert "epoch 1" in said and "epoch 2" in said
+    table = rows(run)
+    assert len(table) == 2 and float(table[0]["train/l1_loss"]) == 0 and float(table[1]["train/l1_loss"]) > 0  # the stage switch
+    assert (run / "val_batch0_pred_epoch2.jpg").is_file() and not (run / "val_batch0_pred_epoch1.jpg").exists()  # freq=2
+
+
+# --- SuperGradients names, callback_modules=, multi_process_safe, wall_e names --------------------------------------
+def test_supergradients_names_are_built_as_ours_or_refused_naming_ours():
+    from yolo_cb.callbacks import multi_process_safe, rank_zero_only
+    from yolo_cb.config import get_config
+
+    assert multi_process_safe is rank_zero_only
+    with pytest.raises(ConfigError, match=r"'EarlyStop' is a SuperGradients callback.*\(here: patience=3 monitor_mode=max monitor=fitness\)"):
+        get_config({"callbacks": [{"EarlyStop": {"patience": 3, "mode": "max", "monitor": "fitness"}}]})
+    for name, ours in (("TimerCallback", "timing is built in"), ("CosineLRCallback", "lr_scheduler=cosine"),
+                       ("PPYoloETrainingStageSwitchCallback", "close_mosaic=")):
+        with pytest.raises(ConfigError, match=rf"'{name}' is a SuperGradients callback yolo-cb does not build: .*{re.escape(ours)}"):
+            get_config({"callbacks": name})
+    with pytest.raises(ConfigError, match=r"built here as 'onnx_check', which has no counterpart of model_name"):
+        get_config({"callbacks": [{"ModelConversionCheckCallback": {"model_name": "yolox", "atol": 1e-3}}]})
+    get_config({"callbacks": [{"ModelConversionCheckCallback": {"atol": 1e-3}}, "YoloXTrainingStageSwitchCallback"]})
+    with pytest.raises(ValueError, match=r"'after_running_batch' is a wall_e name: here it is 'on_train_batch_end'"):
+        Callbacks().add_callback("after_running_batch", print)
+
+
+def test_callback_modules_imports_a_registered_callback_for_the_cli(tiny, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    package = tmp_path / "mycbs"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from pathlib import Path\nfrom yolo_cb.callbacks import register_callback\n\n\n"
+        "@register_callback('epoch_marker')\nclass EpochMarker:\n    def on_fit_epoch_end(self, trainer):\n"
+        "        (Path(trainer.save_dir) / f'marked{trainer.epoch}').touch()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    args = [f"{k}={v}" for k, v in {**tiny, "callback_modules": "mycbs", "callbacks": "epoch_marker"}.items()]
+    done = subprocess.run([sys.executable, "-m", "yolo_cb", "train", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (Path(tiny["project"]) / tiny["name"] / "marked0").is_file()
+
+
+# --- Ultralytics API bits: Results, metrics.confusion_matrix, callbacks helpers -------------------------------------
+def test_ultralytics_results_metrics_and_callback_helpers(tiny, tmp_path, monkeypatch, shapes_dir):
+    from yolo_cb.callbacks.assemble import add_integration_callbacks, get_default_callbacks
+
+    callbacks = get_default_callbacks()
+    assert [type(e.owner).__name__ for e in callbacks.entries("on_model_save")] and callbacks.setdefault("on_train_end", []) == []
+    callbacks.setdefault("on_train_end", []).append(print)
+    assert print in callbacks["on_train_end"]
+    model = YOLO("yolox-nano.yaml")
+    metrics = model.train(**{**tiny, "plots": True})
+    assert metrics.confusion_matrix is not None and metrics.confusion_matrix.matrix.shape == (5, 5)
+    before = len(model.trainer.callbacks.entries())
+    add_integration_callbacks(model.trainer)  # already there (visualize): added once only
+    assert len(model.trainer.callbacks.entries()) == before
+    image = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[0]
+    monkeypatch.chdir(tmp_path)
+    r = model(image, conf=0.0)[0]
+    assert (r.masks, r.keypoints, r.probs, r.obb, r.boxes.id, r.boxes.is_track, r.save_dir) == (None, None, None, None, None, False, None)
+    lines = r.to_csv().splitlines()
+    assert lines[0] == "name,class,confidence,x1,y1,x2,y2" and len(lines) == len(r) + 1 and len(r) > 0
+    frame = r.to_df()
+    assert list(frame.columns) == lines[0].split(",") and len(frame) == len(r)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with pytest.raises(RuntimeError, match=r"show\(\) needs a display"):
+        r.show()
+    saved = model.predict(image, save=True, project=str(tmp_path / "p"))[0]
+    assert saved.save_dir and Path(saved.save_dir, image.name).is_file()

@@ -286,7 +286,7 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 
     last = getattr(validator, "metrics", None)
     if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
-        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names)
+        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
     return DetectionMetrics(values, names=getattr(validator, "names", None) or None)
 
 

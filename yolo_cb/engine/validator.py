@@ -305,7 +305,7 @@ class Validator:
         for s in self.stats:
             self.det_metrics.update(s["pred_boxes"], s["pred_scores"], s["pred_cls"], s["gt_boxes"], s["gt_cls"], key=s["image_id"])
         m = self.det_metrics.compute()
-        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names)
+        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix)
         self.per_class = m.per_class
         self.fitness = m.fitness
 
