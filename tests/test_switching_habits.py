@@ -229,7 +229,11 @@ def test_ultralytics_results_metrics_and_callback_helpers(tiny, tmp_path, monkey
     callbacks.setdefault("on_train_end", []).append(print)
     assert print in callbacks["on_train_end"]
     model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_val_batch_end", lambda v: v.batch_i == 0 and v.training and
+                       (v.plot_val_samples(v.batch, 7), v.plot_predictions(v.batch, v.preds, 7, conf=0.0)))
     metrics = model.train(**{**tiny, "plots": True})
+    run = Path(tiny["project"]) / tiny["name"]
+    assert (run / "val_batch7_labels.jpg").is_file() and (run / "val_batch7_pred.jpg").is_file()
     assert metrics.confusion_matrix is not None and metrics.confusion_matrix.matrix.shape == (5, 5)
     before = len(model.trainer.callbacks.entries())
     add_integration_callbacks(model.trainer)  # already there (visualize): added once only
