@@ -105,6 +105,8 @@ def test_other_frameworks_signatures_fail_at_registration():
         callbacks.add_callbacks(HuggingFaceStyle())
     with pytest.raises(TypeError, match=r"one argument, the validator"):
         callbacks.add_callback("on_val_end", lambda validator, extra: None)
+    with pytest.raises(TypeError, match=r"one argument, the predictor"):
+        callbacks["on_predict_end"].insert(0, lambda predictor, extra: None)  # the dict-of-lists form too
     assert not callbacks.entries()
 
 

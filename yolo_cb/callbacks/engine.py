@@ -282,6 +282,7 @@ class EventCallbacks(MutableSequence):
     def _entry(self, fn: Callable) -> Entry:
         if not callable(fn):
             raise TypeError(f"callback for '{self.event}' must be callable, got {type(fn).__name__}: {fn!r}")
+        check_signature(self.event, fn, callback_name(fn))
         return Entry(fn=fn, name=callback_name(fn))
 
     def __len__(self) -> int:
