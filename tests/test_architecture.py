@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # placed by the longest name here that is it or a package holding it; the package root `yolo_cb` names itself only.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),  # small and boring, no other yolo_cb
-    ("yolo_cb.callbacks.events",),  # the event names
+    ("yolo_cb.callbacks.events", "yolo_cb.callbacks.signature"),  # the event names; what a callback must accept
     ("yolo_cb.callbacks.engine",),  # the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths

@@ -45,16 +45,55 @@ class UsageError(Exception):
     """Bad command line; printed as one message, exit status 2."""
 
 
+HELP_FLAGS = ("-h", "--help", "-help")
+TASK_WORDS = ("detect", "segment", "classify", "pose", "obb")  # Ultralytics' `yolo TASK MODE ...`: here the task is detection
+# Ultralytics' settings (its default.yaml); those yolo-cb lacks get "an Ultralytics setting yolo-cb does not have"
+ULTRALYTICS_KEYS = frozenset(
+    "task mode model data epochs time patience batch imgsz save save_period cache device workers project name exist_ok pretrained "
+    "optimizer verbose seed deterministic single_cls rect cos_lr close_mosaic resume amp fraction profile freeze multi_scale compile "
+    "overlap_mask mask_ratio dropout val split save_json conf iou max_det half dnn plots source vid_stride stream_buffer visualize "
+    "augment agnostic_nms classes retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes "
+    "line_width format keras optimize int8 dynamic simplify opset workspace nms lr0 lrf momentum weight_decay warmup_epochs "
+    "warmup_momentum warmup_bias_lr box cls dfl pose kobj nbs hsv_h hsv_s hsv_v degrees translate scale shear perspective flipud "
+    "fliplr bgr mosaic mixup cutmix copy_paste copy_paste_mode auto_augment erasing cfg tracker".split())
+EMPTY_IS_DEFAULT = ("opset", "channels_last")  # Ultralytics writes `opset=` / `channels_last=` for "the default"
+
+
+def mode_word_error(mode: str, rest: list[str]) -> UsageError:
+    """The one line for a first word that is no mode: a task word to drop, a misspelt mode, a key=value put first."""
+    if mode in TASK_WORDS:
+        return UsageError(f"'{mode}' is Ultralytics' task word; yolo-cb only detects, so drop it: yolo-cb {' '.join(rest) or 'train ...'}")
+    hint = " Put the mode first, e.g. `yolo-cb train data=shapes.yaml`." if "=" in mode else did_you_mean(mode, MODES + SPECIAL)
+    return UsageError(f"'{mode}' is not a mode.{hint} Modes: {', '.join(MODES + SPECIAL)}")
+
+
+def unknown_key_error(key: str, valid: dict) -> UsageError:
+    if key in ULTRALYTICS_KEYS:
+        return UsageError(f"'{key}' is an Ultralytics setting yolo-cb does not have (docs/ultralytics.md says what differs); drop it. "
+                          f"See all settings with `yolo-cb cfg`.")
+    return UsageError(f"'{key}' is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+
+
+def missing_equals_error(token: str, mode: str, rest: list[str], valid: dict) -> UsageError:
+    """The one line for a bare key (`resume`): the key=value to write, as a whole command where it can be told."""
+    if token == "resume":
+        named = next((t.partition("=")[2] for t in rest if t.startswith("model=")), "")
+        others = " ".join(t for t in rest if t != token and not t.startswith("model="))
+        fix = f"yolo-cb {mode} resume={named} {others}".strip() if named.endswith((".pt", ".pth")) else f"yolo-cb {mode} resume=True"
+        return UsageError(f"'resume' needs '=': write `{fix}` (resume=True: the newest last.pt; resume=path: that checkpoint)")
+    following = "True" if isinstance(valid.get(token), bool) else "VALUE"
+    return UsageError(f"'{token}' needs '=': write {token}={following} (yolo-cb arguments are key=value)")
+
+
 def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
     """argv -> (mode, {key: raw string value}); refuses `key value` and unknown keys with hints."""
     if not argv:
         raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export, tune; or cfg, help, version)")
     mode, rest = argv[0], argv[1:]
+    if mode in HELP_FLAGS:
+        return "help", {}
     if mode not in MODES + SPECIAL:
-        hint = did_you_mean(mode, MODES + SPECIAL)
-        if "=" in mode:
-            hint = " Put the mode first, e.g. `yolo-cb train data=shapes.yaml`."
-        raise UsageError(f"'{mode}' is not a mode.{hint} Modes: {', '.join(MODES + SPECIAL)}")
+        raise mode_word_error(mode, rest)
     valid = load_defaults()
     overrides: dict[str, str] = {}
     for i, token in enumerate(rest):
@@ -64,19 +103,37 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
                 print(f"WARNING '--{token}': yolo-cb arguments are written key=value without dashes; accepted as '{token}'", file=sys.stderr)
             elif token in ("help", "h"):
                 return "help", {}
+        if token in HELP_FLAGS:
+            return "help", {}
         if "=" not in token:
             if token in valid:
-                following = rest[i + 1] if i + 1 < len(rest) else "VALUE"
+                following = rest[i + 1] if i + 1 < len(rest) else ""
+                if "=" in following or not following:
+                    raise missing_equals_error(token, mode, rest, valid)
                 raise UsageError(f"'{token}' needs '=': write {token}={following} (yolo-cb arguments are key=value)")
             raise UsageError(f"'{token}' is not a key=value argument.{did_you_mean(token, valid)} See all with `yolo-cb cfg`.")
         key, _, value = token.partition("=")
         key = key.strip().replace("-", "_")
         if key not in valid:
-            raise UsageError(f"'{key}' is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+            raise unknown_key_error(key, valid)
         if key == "mode":
             raise UsageError("give the mode as the first word (yolo-cb train ...), not as mode=")
-        overrides[key] = value
+        if not (value == "" and key in EMPTY_IS_DEFAULT):  # `opset=`: the default, as in Ultralytics
+            overrides[key] = value
     return mode, overrides
+
+
+def refuse_missing_inputs(mode: str, overrides: dict[str, str]) -> None:
+    """At once, before torch is imported: val/predict/export need model=, predict needs source= (Ultralytics falls back to
+    its sample images; yolo-cb has none). A cfg= file may give them: then the facade checks."""
+    if "cfg" in overrides:
+        return
+    weights = overrides.get("model") or "runs/detect/train/weights/best.pt"
+    if mode in ("val", "predict", "export") and not overrides.get("model"):
+        raise UsageError(f"{mode} needs model=: trained weights (.pt, .onnx or .torchscript), e.g. yolo-cb {mode} model={weights}")
+    if mode == "predict" and not overrides.get("source"):
+        raise UsageError(f"predict needs source=: an image, folder, glob, video or .txt list, e.g. yolo-cb predict model={weights} "
+                         f"source=path/to/images")
 
 
 def print_settings() -> None:
@@ -113,6 +170,7 @@ def run(argv: list[str]) -> object:
     if mode == "cfg":
         print_settings()
         return None
+    refuse_missing_inputs(mode, overrides)
     args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
     from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads

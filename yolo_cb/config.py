@@ -7,6 +7,7 @@ are in yolo_cb/settings_schema.py; `coerce` dispatches on the kind (`COERCERS`),
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ FRACTIONS = settings_of_kind("fraction")
 POSITIVE_FLOATS = settings_of_kind("positive")
 NONNEG_FLOATS = settings_of_kind("nonneg")
 ENUMS = {key: rule.choices for key, rule in RULES.items() if rule.kind == "enum"}
-FREE = settings_of_kind("text", "device", "free", "metric", "callbacks", "classes", "freeze", "save_epochs", "lr_scheduler")
+FREE = settings_of_kind("text", "device", "free", "metric", "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler")
 BOOL_OR_PATH = settings_of_kind("bool_or_path")
 # Kinds whose string values (from the CLI or a cfg file) parse as YAML scalars first; the others take text as it is.
 SCALAR_KINDS = {"int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
@@ -168,6 +169,22 @@ def _metric(key: str, rule: Setting, value: Any, default: Any) -> str:
     return value.strip()
 
 
+def _modules(key: str, rule: Setting, value: Any, default: Any) -> list[str] | None:
+    """Module names (a comma-separated string or a list), each imported now: its @register_callback names register."""
+    if value in (None, "", [], False):
+        return None
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n).strip() for n in value] if isinstance(value, (list, tuple)) else None
+    if names is None or not all(names):
+        raise _bad(key, value, "module names, comma separated or a list (e.g. mypkg.callbacks)")
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # the user's module: named, with its error's first line
+            raise ConfigError(f"invalid value for '{key}': cannot import module '{name}' ({type(error).__name__}: "
+                              f"{(str(error).splitlines() or [''])[0][:200]}); give an importable module name") from None
+    return names
+
+
 def _callbacks(key: str, rule: Setting, value: Any, default: Any) -> Any:
     if value not in (None, "", [], {}, False):
         check_callbacks(value)
@@ -265,7 +282,7 @@ def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | N
 COERCERS = {  # a setting's kind (yolo_cb/settings_schema.py) -> how a value of it is typed and checked
     "int": _int, "fraction": _float, "positive": _float, "nonneg": _float, "enum": _enum, "bool": _bool,
     "bool_or_path": _bool_or_path, "text": _text, "device": _device, "free": _as_is, "any": _as_is, "metric": _metric,
-    "callbacks": _callbacks, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,
+    "callbacks": _callbacks, "modules": _modules, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,
 }
 
 class Config(SimpleNamespace):

@@ -30,6 +30,7 @@ from yolo_cb.engine.exporter import Exporter
 from yolo_cb.engine.predictor import Predictor
 from yolo_cb.engine.resume import finished_run
 from yolo_cb.engine.trainer import Trainer
+from yolo_cb.engine.trainer_hooks import refuse_unread_hooks
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.engine.validator import Validator
 from yolo_cb.nn import build_model
@@ -37,7 +38,7 @@ from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
 from yolo_cb.tune import tune
 from yolo_cb.utils.log import setup_logging
-from yolo_cb.weights import is_weights_name, resolve_weights
+from yolo_cb.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
 
 
 class _DefaultModel(str):
@@ -59,6 +60,7 @@ class YOLO:
         self._module: tuple[str | None, Any] | None = None  # (source, the loaded model) behind `model.model`
         self.overrides: dict[str, Any] = {}
 
+        refuse_ultralytics_weights(self.source)  # YOLO("yolo11n.pt"): another architecture, said at once
         if self.source and self.source.endswith((".pt", ".pth")) and not is_weights_name(self.source):  # a name: fetched on first use
             self._read_overrides()
 
@@ -72,6 +74,7 @@ class YOLO:
 
         named = kwargs.get("model", self.source)
         if not is_weights_name(named):
+            resolve_weights(named)  # refuses an Ultralytics weights name
             return kwargs
         path = str(resolve_weights(named, get_config({k: v for k, v in kwargs.items() if k in ("cfg", "weights_dir")}).weights_dir))
         if "model" in kwargs:
@@ -266,7 +269,7 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 
     last = getattr(validator, "metrics", None)
     if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
-        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names)
+        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
     return DetectionMetrics(values, names=getattr(validator, "names", None) or None)
 
 
@@ -275,7 +278,48 @@ def _trainer_class(trainer_class: Any) -> type:
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
         raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
                           f"(the class itself, not an instance)")
+    refuse_unread_hooks(trainer_class, Trainer)
     return trainer_class
+
+
+class DetectionTrainer(Trainer):
+    """Ultralytics' `DetectionTrainer(overrides={...}).train()`: `overrides` are the settings YOLO().train(**overrides) takes
+    (model= included; resume= too), `_callbacks` a Callbacks or a mapping event -> functions. Built by train(trainer=...),
+    it is a Trainer like any other."""
+
+    def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: Any = None, *, callbacks: Any = None, model: Any = None):
+        if isinstance(cfg, Config):  # YOLO().train(trainer=DetectionTrainer subclass): the facade resolved the settings
+            super().__init__(cfg, callbacks=callbacks, model=model)
+            return
+        refuse_unread_hooks(type(self), Trainer)
+        args, source, resuming = _direct_train_args({**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})})
+        user = Callbacks()
+        for event, fns in (_callbacks.items() if _callbacks is not None else ()):
+            for fn in fns:
+                user.add_callback(event, fn)
+        super().__init__(args, callbacks=_trainer_callbacks(args, user), model=source if resuming is None else None)
+        if resuming is not None:
+            self.resume_ckpt = resuming.ckpt
+
+
+def _trainer_callbacks(args, user: Callbacks) -> Callbacks:
+    return build_trainer_callbacks(args, user)
+
+
+def _direct_train_args(overrides: dict) -> tuple[Any, Any, Any]:
+    """(settings, model source, the resume or None) of a trainer built directly; a finished run or a self-launched DDP run
+    is refused (those need YOLO().train(), which handles them)."""
+    source = overrides.pop("model", None)
+    overrides, resuming = resume.plan(overrides, model=source)
+    if resuming is not None and resuming.finished:
+        raise ConfigError(f"{resuming.path} is from a finished run: there is nothing to resume. YOLO('{resuming.path}').train(resume=True) "
+                          f"says what it holds; to train further start a new run from it (model={resuming.path})")
+    args, source = (resuming.args, source) if resuming is not None else fresh_train_args(overrides, source or DEFAULT_MODEL)
+    if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:
+        raise ConfigError("DetectionTrainer(overrides=...) cannot launch DDP workers itself (nproc / a device list > 1): use "
+                          "YOLO(model).train(...), which does, or run your script under torchrun")
+    setup_logging(args.verbose)
+    return args, source, resuming
 
 
 def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,23 @@ def is_weights_name(model: Any) -> bool:
     return official_variant(model) is not None and not Path(str(model)).is_file()
 
 
+# Ultralytics' weights names (yolov8n.pt, yolo11s-seg.pt, yolov5su.pt, ...): another architecture, never loadable here
+ULTRALYTICS_WEIGHTS = re.compile(r"yolo(v\d+|\d+)[a-z]*(-[a-z0-9]+)?\.pt", re.IGNORECASE)
+
+
+def refuse_ultralytics_weights(model: Any) -> None:
+    """CheckpointError (one line) for an Ultralytics weights name that is no file here, naming the weights yolo-cb loads."""
+    if isinstance(model, (str, Path)) and ULTRALYTICS_WEIGHTS.fullmatch(Path(str(model)).name) and not Path(str(model)).is_file():
+        raise CheckpointError(f"'{model}' names Ultralytics weights, which yolo-cb cannot load (another architecture). Official "
+                              f"weights it loads by name: {', '.join(f'{v}.pt' for v in OFFICIAL)}; or train from a model YAML "
+                              f"(model=yolox-nano.yaml, yolocb-n.yaml)")
+
+
 def resolve_weights(model: Any, folder: Any = None) -> Any:
     """`model` itself, unless it names official weights (see is_weights_name): then the path of the verified yolo-cb
-    checkpoint in the weights folder, downloaded and converted on first use."""
+    checkpoint in the weights folder, downloaded and converted on first use. Ultralytics' weights names are refused."""
     if not is_weights_name(model):
+        refuse_ultralytics_weights(model)
         return model
     return fetch_official(official_variant(model), weights_dir(folder))
 

@@ -18,12 +18,15 @@ from yolo_cb.callbacks.builtin import DEFAULTS
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.lr_schedule import schedule_callback
-from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs
+from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs, resolve_alias
+from yolo_cb.config import get_config
+from yolo_cb.errors import ConfigError
+from yolo_cb.settings_schema import load_defaults
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
-__all__ = ["apply_specs", "build_registered", "build_trainer_callbacks", "importable", "in_dependency_order", "load_builtins",
-           "parse_specs"]
+__all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
+           "in_dependency_order", "load_builtins", "parse_specs"]
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
@@ -64,6 +67,7 @@ def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
 
 def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     load_builtins()
+    name, kwargs = resolve_alias(name, kwargs)  # SuperGradients' YoloXTrainingStageSwitchCallback -> stage_switch
     if name in REGISTRY:
         obj = build_registered(name, kwargs)
         callbacks.remove(name)  # a declared built-in (with its parameters) replaces the one the settings registered
@@ -95,22 +99,47 @@ def importable(module: str) -> bool:
         return False
 
 
-def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
-    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
+def _asked_for(name: str, args: Any) -> bool:
+    """Whether the integration's setting is off by default and this run turned it on (an on-by-default one only warns)."""
+    return load_defaults().get(name) in (False, None) and bool(getattr(args, name, None))
+
+
+def add_integration_callbacks(instance: Any, args: Any = None) -> None:
+    """Ultralytics' add_integration_callbacks(trainer): register the integrations `args` (default: instance.args) switch on
+    onto instance.callbacks (or onto `instance`, a Callbacks), each once. A missing package warns for an integration on by
+    default and is an error for one the settings turned on (wandb=True)."""
+    callbacks = instance if isinstance(instance, Callbacks) else instance.callbacks
+    args = args if args is not None else instance.args
+    present = {getattr(e.owner, "registry_name", None) for e in callbacks.entries()}
+    for name, spec in INTEGRATIONS.items():
+        if not spec.enabled(args) or name in present:
+            continue
+        missing = [hint for module, hint in spec.requires.items() if not importable(module)]
+        if missing and _asked_for(name, args):  # wandb=True given: the run must not start without it
+            raise ConfigError(f"{name}=True needs {', '.join(spec.requires)}, which is not installed: {'; '.join(missing)} (or {name}=False)")
+        if missing:
+            LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
+            continue
+        callbacks.add_callbacks(build_registered(name, {}), group="integration", on_error=spec.policy(args), name=name)
+
+
+def get_default_callbacks(args: Any = None) -> Callbacks:
+    """Ultralytics' get_default_callbacks(): a Callbacks (a dict of live lists) holding the built-in defaults a trainer of
+    `args` has (default: the default settings), without integrations or the user's."""
     load_builtins()
+    args = args if args is not None else get_config({"mode": "train"})
     callbacks = Callbacks()
     for name in in_dependency_order(DEFAULTS):
         obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
         if obj is not None:  # lr_scheduler=none: no callback owns the LR
             callbacks.add_callbacks(obj, group="default", name=name)
-    for name, spec in INTEGRATIONS.items():
-        if not spec.enabled(args):
-            continue
-        missing = [hint for module, hint in spec.requires.items() if not importable(module)]
-        if missing:
-            LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
-            continue
-        callbacks.add_callbacks(build_registered(name, {}), group="integration", on_error=spec.policy(args), name=name)
+    return callbacks
+
+
+def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
+    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
+    callbacks = get_default_callbacks(args)
+    add_integration_callbacks(callbacks, args)
     callbacks.mark_defaults()
     if user is not None:
         callbacks.extend(user)

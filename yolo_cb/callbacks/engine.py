@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS, event_hint
+from yolo_cb.callbacks.signature import REGISTER_HOOK, check_signature, run_on_register
 from yolo_cb.utils.log import LOGGER
 
 ON_ERROR = ("raise", "warn", "disable")
@@ -77,6 +78,7 @@ class Callbacks:
         if group not in GROUPS:
             raise ValueError(f"group must be one of {GROUPS}, got '{group}'")
         entry = Entry(fn=fn, name=name or callback_name(fn), group=group, on_error=on_error, owner=owner)
+        check_signature(event, fn, entry.name)  # Lightning's (trainer, pl_module) fails here, not at its first call
         entries = self._entries[event]
         # keep groups in order: insert after the last entry of the same or an earlier group
         rank = GROUPS.index(group)
@@ -90,7 +92,9 @@ class Callbacks:
         """Register every `on_*`/event-named method of `obj`; an `on_*` method naming no event is an error."""
         methods = event_methods(obj)
         base = name or f"{type(obj).__module__}.{type(obj).__qualname__}"
-        return [self.add_callback(event, fn, on_error=on_error, group=group, name=f"{base}.{event}", owner=obj) for event, fn in methods.items()]
+        entries = [self.add_callback(event, fn, on_error=on_error, group=group, name=f"{base}.{event}", owner=obj) for event, fn in methods.items()]
+        run_on_register(obj, self)  # wall_e's on_register(self, callbacks): once, when added
+        return entries
 
     def set_callback(self, event: str, fn: Callable, **kwargs) -> Entry:
         """Replace every callback of `event` with `fn`."""
@@ -176,6 +180,10 @@ class Callbacks:
     def get(self, event: str, default: Any = None) -> EventCallbacks:
         """`callbacks.get(event)`: the live list (every event has one, so `default` is never used); an unknown event
         raises with a suggestion rather than returning a list that registers nothing."""
+        return self[event]
+
+    def setdefault(self, event: str, default: Any = None) -> EventCallbacks:
+        """`callbacks.setdefault(event, []).append(fn)` (Ultralytics' dict habit): every event has its live list already."""
         return self[event]
 
     def entries(self, event: str | None = None) -> list[Entry]:
@@ -274,6 +282,7 @@ class EventCallbacks(MutableSequence):
     def _entry(self, fn: Callable) -> Entry:
         if not callable(fn):
             raise TypeError(f"callback for '{self.event}' must be callable, got {type(fn).__name__}: {fn!r}")
+        check_signature(self.event, fn, callback_name(fn))
         return Entry(fn=fn, name=callback_name(fn))
 
     def __len__(self) -> int:
@@ -319,7 +328,7 @@ def event_methods(obj: Any) -> dict[str, Callable]:
             fn = getattr(obj, attr)
             if callable(fn):
                 found[attr] = fn
-        elif (attr.startswith(("on_", "before_", "after_")) or attr in FOREIGN_EVENTS) and attr != "setup" and \
+        elif (attr.startswith(("on_", "before_", "after_")) or attr in FOREIGN_EVENTS) and attr not in ("setup", REGISTER_HOOK) and \
                 callable(getattr(type(obj), attr, None)):
             raise ValueError(f"{type(obj).__qualname__}.{attr} looks like a callback but names no event.{event_hint(attr)}")
     if not found:
@@ -340,3 +349,6 @@ def rank_zero_only(fn: Callable) -> Callable:
 
     wrapper.rank_zero_only = True
     return wrapper
+
+
+multi_process_safe = rank_zero_only  # SuperGradients' name for the same decorator

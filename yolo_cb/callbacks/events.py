@@ -135,6 +135,17 @@ FOREIGN_EVENTS: dict[str, tuple[str, str]] = {
     "after_optimizer_step": ("optimizer_step", "before/after hooks"),
     "before_save_checkpoint": ("on_model_save", "before/after hooks"),
     "after_load_checkpoint": ("on_pretrain_routine_end", "before/after hooks"),
+    # wall_e (its on_register is honoured: an object's on_register(callbacks) runs when it is added)
+    "before_fit": ("on_pretrain_routine_start", "wall_e"),
+    "after_fit": ("on_train_end", "wall_e (or teardown: always last)"),
+    "before_running_epoch": ("on_train_epoch_start", "wall_e (on_val_start for a validation epoch)"),
+    "after_running_epoch": ("on_train_epoch_end", "wall_e (on_val_end for a validation epoch)"),
+    "before_running_batch": ("on_train_batch_start", "wall_e (on_val_batch_start in validation)"),
+    "after_running_batch": ("on_train_batch_end", "wall_e (on_val_batch_end in validation)"),
+    "before_valid": ("on_val_start", "wall_e"),
+    "after_valid": ("on_val_end", "wall_e (or on_fit_epoch_end for the trainer after validation)"),
+    "before_test": ("on_val_start", "wall_e (val with split=test)"),
+    "after_test": ("on_val_end", "wall_e (val with split=test)"),
 }
 
 

@@ -13,7 +13,9 @@ strictly. Every schedule takes `warmup_by` (batch | epoch) and the built-ins `co
 the final LR). With the defaults the LRs are those of the trainer before this callback existed, bit for bit.
 
 A write to `group["lr"]` by any other callback sticks: before each of its own writes the schedule compares the LR with
-what it wrote last, and a difference rescales that group's schedule by the same factor (logged once per change).
+what it wrote last, and a difference rescales that group's schedule by the same factor (logged once per change). A write
+during the per-batch warmup ends that group's warmup ramp: the written LR is used for each following batch, and the
+schedule continues from it (this epoch's scheduled LR becomes the written one).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class LRSchedule:
         self.torch_state: dict | None = None
         self.scheduler = None
         self.factor: Callable[[float], float] | None = None
+        self.held: set[int] = set()  # groups whose warmup ramp a write by another callback ended: their LR is that write's
 
     # --- setup ----------------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
@@ -98,14 +101,16 @@ class LRSchedule:
 
     # --- the schedule ---------------------------------------------------------------------
     def _adopt_foreign_writes(self, trainer) -> None:
-        """An LR another callback wrote since our last write rescales that group's schedule: it sticks."""
+        """An LR another callback wrote since our last write rescales that group's schedule: it sticks. Written over a
+        per-batch warmup value, it also ends the group's ramp (its LR stays the written one)."""
         if self.written is None:
             return
+        warming = self.warmup_by == "batch" and trainer.batch_i + trainer.num_batches * trainer.epoch <= trainer.warmup_iters
         for i, (group, mine) in enumerate(zip(trainer.optimizer.param_groups, self.written, strict=True)):
             now = group["lr"]
             if now == mine:
                 continue
-            ratio = now / mine if mine else None
+            ratio = now / mine if mine and not warming else None  # a ramp value is no measure of the schedule
             if self.kind == "torch":
                 self.target[i] = now
             elif ratio is not None:
@@ -113,8 +118,11 @@ class LRSchedule:
             else:
                 factor = self.factor(trainer.epoch) if self.factor else 1.0
                 self.base[i] = now / factor if factor else now
+            if warming:
+                self.held.add(i)
             LOGGER.info(f"lr_schedule: lr/pg{i} was set to {now:.6g} by another callback (the schedule had {mine:.6g}); "
-                        f"the schedule continues from it")
+                        + ("it ends this group's warmup ramp: each next batch uses it, and " if warming else "")
+                        + "the schedule continues from it")
 
     def _scheduled(self, i: int, epoch: int) -> float:
         if self.kind == "torch":
@@ -158,7 +166,8 @@ class LRSchedule:
         values = []
         for j, group in enumerate(trainer.optimizer.param_groups):
             start = trainer.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
-            values.append(float(np.interp(ni, xi, [start, self._scheduled(j, trainer.epoch)])))
+            ramp = float(np.interp(ni, xi, [start, self._scheduled(j, trainer.epoch)]))
+            values.append(self._scheduled(j, trainer.epoch) if j in self.held else ramp)
             if "momentum" in group:
                 group["momentum"] = float(np.interp(ni, xi, [trainer.args.warmup_momentum, trainer.momentum]))
         self._write(trainer, values)
@@ -187,12 +196,13 @@ class LRSchedule:
 
     # --- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"base": self.base, "target": self.target, "torch": self.torch_state}
+        return {"base": self.base, "target": self.target, "torch": self.torch_state, "held": sorted(self.held)}
 
     def load_state_dict(self, state: dict) -> None:
         self.base = list(state["base"]) if state.get("base") is not None else None
         self.target = list(state["target"]) if state.get("target") is not None else None
         self.torch_state = state.get("torch")
+        self.held = set(state.get("held") or ())
 
 
 def schedule_callback(args: Any) -> Any:

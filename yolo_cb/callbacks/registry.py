@@ -65,6 +65,17 @@ def register_callback(name: str | None = None):
     return decorate
 
 
+def callback_alias(foreign: str, renames: Mapping[str, str] | None = None):
+    """Decorator (above @register_callback / @integration): `foreign`, another framework's class name, declared in callbacks=
+    builds this callback, with its parameters renamed by `renames` (their name -> ours; any other is refused)."""
+
+    def decorate(factory):
+        CALLBACK_ALIASES[foreign] = (factory.registry_name, dict(renames or {}))
+        return factory
+
+    return decorate
+
+
 def integration(name: str, *, enabled: Callable[[Any], bool], on_error: str | Callable[[Any], str] = "disable",
                 requires: Mapping[str, str] | None = None):
     """Decorator: register an integration's callback class under `name` and declare when the trainer includes it."""
@@ -77,6 +88,52 @@ def integration(name: str, *, enabled: Callable[[Any], bool], on_error: str | Ca
         return factory
 
     return decorate
+
+
+# Other frameworks' callback classes (SuperGradients') named in callbacks=: foreign name -> (our registered name, their
+# parameter -> ours). Each of ours declares its own with @callback_alias where it registers.
+CALLBACK_ALIASES: dict[str, tuple[str, dict[str, str]]] = {}
+# ... or refused with one line naming what does their job here (`{name}` is replaced by the class named)
+FOREIGN_CALLBACKS: dict[str, str] = {
+    "PPYoloETrainingStageSwitchCallback": "it switches PP-YOLOE's assigner, which yolo-cb's models do not have; YOLOX's stage switch "
+                                          "is close_mosaic= (or the stage_switch callback)",
+    "TimerCallback": "timing is built in: each epoch's time in the progress line and trainer.epoch_time, the slowest callbacks at the end",
+    "EarlyStop": "early stopping is built in: the settings patience=, monitor=, monitor_mode= (their mode), min_delta=",
+    "LRCallbackBase": "the LR is the lr_scheduler= setting (module:Class for your own callback class)",
+    "WarmupLRCallback": "warmup is the setting warmup_epochs= (lr_scheduler={NAME: {warmup_by: epoch}} for epoch steps)",
+    "LinearEpochLRWarmup": "warmup is the setting warmup_epochs= with lr_scheduler={linear: {warmup_by: epoch}}",
+    "LinearBatchLRWarmup": "warmup is the setting warmup_epochs= (per batch by default)",
+    "EpochStepWarmupLRCallback": "warmup is the setting warmup_epochs= with lr_scheduler={linear: {warmup_by: epoch}}",
+    "CosineLRCallback": "the setting lr_scheduler=cosine (lrf= the final fraction of lr0)",
+    "StepLRCallback": "the setting lr_scheduler={multistep: {milestones: [...], gamma: ...}}",
+    "StepLRScheduler": "the setting lr_scheduler={multistep: {milestones: [...], gamma: ...}}",
+    "PolyLRCallback": "the setting lr_scheduler=polynomial (or {polynomial: {power: ...}})",
+    "ExponentialLRCallback": "the setting lr_scheduler={exponential: {gamma: ...}}",
+    "FunctionLRCallback": "the setting lr_scheduler=module:function (epoch -> multiplier of lr0)",
+    "LRSchedulerCallback": "the setting lr_scheduler={TorchSchedulerClass: {...}} (any torch.optim.lr_scheduler class)",
+}
+
+
+# SuperGradients' EarlyStop parameter -> the yolo-cb setting that does its job
+EARLY_STOP_SETTINGS = {"monitor": "monitor", "mode": "monitor_mode", "min_delta": "min_delta", "patience": "patience"}
+
+
+def resolve_alias(name: str, kwargs: dict | None) -> tuple[str, dict | None]:
+    """(the registered name, its keyword arguments) for a callback declared by another framework's class name; the same
+    pair for any other name. ValueError (one line, naming ours) for a class refused or a parameter ours does not take."""
+    load_builtins()  # the built-in callbacks and integrations declare their aliases where they register
+    if name in FOREIGN_CALLBACKS:
+        given = " ".join(f"{EARLY_STOP_SETTINGS[k]}={v}" for k, v in (kwargs or {}).items() if k in EARLY_STOP_SETTINGS)
+        here = f" (here: {given})" if name == "EarlyStop" and given else ""
+        raise ValueError(f"'{name}' is a SuperGradients callback yolo-cb does not build: {FOREIGN_CALLBACKS[name]}{here}")
+    if name not in CALLBACK_ALIASES:
+        return name, kwargs
+    ours, renames = CALLBACK_ALIASES[name]
+    unknown = sorted(set(kwargs or {}) - set(renames))
+    if unknown:
+        raise ValueError(f"'{name}' is built here as '{ours}', which has no counterpart of {', '.join(unknown)} (it takes "
+                         f"{', '.join(renames) or 'no parameters'} of {name}'s); drop {', '.join(unknown)} or declare '{ours}'")
+    return ours, {renames[k]: v for k, v in (kwargs or {}).items()}
 
 
 def import_object(path: str) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from yolo_cb.callbacks.engine import event_methods
 from yolo_cb.callbacks.events import EVENTS, event_hint
-from yolo_cb.callbacks.registry import REGISTRY, import_object, parse_specs, registered_names
+from yolo_cb.callbacks.registry import REGISTRY, import_object, parse_specs, registered_names, resolve_alias
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.utils.suggest import did_you_mean
 
@@ -52,6 +52,11 @@ def check_callbacks(value: Any) -> None:
                     raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else short_repr(arg)} is a {type(arg).__name__}, "
                                     f"not callable; point to a function fn(obj)")
                 continue
+            if arg is None or isinstance(arg, dict):
+                try:
+                    key, arg = resolve_alias(key, arg)  # SuperGradients' class names: ours, or one line naming ours
+                except ValueError as error:
+                    raise bad(item, str(error)) from None
             if key in registered_names():
                 if arg is not None and not isinstance(arg, dict):
                     raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {short_repr(arg)}")

@@ -278,7 +278,8 @@ class Predictor:
         results = []
         for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads, strict=True):
             det = scale_boxes(det.cpu(), ratio_pad, img.shape[:2]) if len(det) else det.cpu().reshape(0, 6)
-            results.append(Results(img, path, self.backend.names, boxes=det, frame=frame))
+            results.append(Results(img, path, self.backend.names, boxes=det, frame=frame,
+                                   save_dir=str(self.save_dir) if self.save_dir is not None else None))
         return results
 
     # --- saving -----------------------------------------------------------------------------

@@ -26,6 +26,9 @@ class Boxes:
         self.data = data
         self.orig_shape = tuple(int(v) for v in orig_shape[:2])
 
+    id = None  # Ultralytics' track ids: yolo-cb does not track
+    is_track = False
+
     @property
     def xyxy(self) -> torch.Tensor | np.ndarray:
         return self.data[:, :4]
@@ -87,10 +90,13 @@ class Boxes:
 
 
 class Results:
-    """One image's detections: boxes, names, orig_img (BGR), orig_shape (h, w), path, speed (ms per stage)."""
+    """One image's detections: boxes, names, orig_img (BGR), orig_shape (h, w), path, speed (ms per stage), save_dir."""
+
+    masks = keypoints = probs = obb = None  # Ultralytics' fields of its other tasks: none for detection
 
     def __init__(self, orig_img: np.ndarray, path: str, names: dict[int, str], boxes: torch.Tensor | np.ndarray | None = None,
-                 speed: dict[str, float] | None = None, frame: int | None = None):
+                 speed: dict[str, float] | None = None, frame: int | None = None, save_dir: str | None = None):
+        self.save_dir = save_dir  # where predict(save=True) writes (None: nothing saved)
         self.orig_img = orig_img
         self.orig_shape = tuple(int(v) for v in orig_img.shape[:2])
         self.path = str(path)
@@ -100,7 +106,7 @@ class Results:
         self.frame = frame  # frame index for videos, else None
 
     def _with_boxes(self, boxes: Boxes) -> Results:
-        return Results(self.orig_img, self.path, self.names, boxes=boxes.data, speed=dict(self.speed), frame=self.frame)
+        return Results(self.orig_img, self.path, self.names, boxes=boxes.data, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -145,6 +151,38 @@ class Results:
         import json
 
         return json.dumps(self.summary(normalize=normalize, decimals=decimals), indent=2)
+
+    def to_csv(self, normalize: bool = False, decimals: int = 5) -> str:
+        """summary() as CSV text: one row per detection (name, class, confidence, x1, y1, x2, y2), with a header."""
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["name", "class", "confidence", "x1", "y1", "x2", "y2"])
+        for row in self.summary(normalize=normalize, decimals=decimals):
+            writer.writerow([row["name"], row["class"], row["confidence"], *row["box"].values()])
+        return out.getvalue()
+
+    def to_df(self, normalize: bool = False, decimals: int = 5):
+        """summary() as a pandas DataFrame (the columns of to_csv); needs pandas."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError("Results.to_df() needs pandas: pip install pandas (to_csv() and summary() need nothing)") from error
+        rows = [[r["name"], r["class"], r["confidence"], *r["box"].values()] for r in self.summary(normalize=normalize, decimals=decimals)]
+        return pandas.DataFrame(rows, columns=["name", "class", "confidence", "x1", "y1", "x2", "y2"])
+
+    def show(self, **plot_kwargs) -> None:
+        """Open plot() in the system's image viewer; RuntimeError (one line) without a display (save() writes a file)."""
+        import os
+        import sys
+
+        from PIL import Image
+
+        if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            raise RuntimeError("Results.show() needs a display (DISPLAY / WAYLAND_DISPLAY is not set); use r.save('file.jpg') or r.plot()")
+        Image.fromarray(self.plot(**plot_kwargs)[..., ::-1]).show()
 
     def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None,
              pil: bool = False, save: bool = False, filename: str | Path | None = None):

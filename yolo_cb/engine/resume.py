@@ -35,7 +35,7 @@ from yolo_cb.utils.log import LOGGER
 # else would change what is trained.
 RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
-CODE_SETTINGS = ("callbacks", "lr_scheduler")
+CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
 # which may declare code) and places to write (or a server to write to): the user's value, else the default.
 PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
@@ -78,6 +78,16 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
         return overrides, None
     args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
     return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt))
+
+
+def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
+    """The checkpoint resume=`value` names: a path; or for resume=True the model the user named when it is a checkpoint
+    file (Ultralytics' `YOLO("runs/detect/x/weights/last.pt").train(resume=True)`), else the newest last.pt under project."""
+    if value not in (True, "True", "true"):
+        return Path(str(value)).expanduser()
+    if model is not None and str(model).endswith((".pt", ".pth")) and Path(str(model)).expanduser().is_file():
+        return Path(str(model)).expanduser()
+    return find_last_checkpoint(project)
 
 
 def find_last_checkpoint(project: str | None) -> Path:
@@ -128,8 +138,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
     nothing will be trained (the caller says so)."""
-    value = overrides["resume"]
-    path = find_last_checkpoint(overrides.get("project")) if value in (True, "True", "true") else Path(str(value)).expanduser()
+    path = checkpoint_to_resume(overrides["resume"], model, overrides.get("project"))
     ckpt = load_checkpoint(path)
     record = Checkpoint.from_dict(ckpt, path)
     path = path.resolve()

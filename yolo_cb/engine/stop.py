@@ -21,3 +21,16 @@ class StopCause(str, Enum):
     def finishes_run(self) -> bool:
         """A run stopped for this cause is complete (its checkpoints are final, a resume has nothing to do)."""
         return self in (StopCause.EARLY_STOPPING, StopCause.PRUNED, StopCause.TARGET)
+
+
+# Other frameworks' stop flags, set on their trainer (or its control object): a write of one on ours is refused, naming
+# trainer.stop, since it would otherwise be a new attribute nothing reads and every epoch would still train.
+FOREIGN_STOP_FLAGS: dict[str, str] = {"stop_training": "Keras / SuperGradients", "should_stop": "Lightning",
+                                      "should_training_stop": "Hugging Face"}
+
+
+def refuse_foreign_stop_flag(name: str) -> None:
+    """AttributeError (one line) for a write of another framework's stop flag on the trainer."""
+    if name in FOREIGN_STOP_FLAGS:
+        raise AttributeError(f"trainer.{name} is the stop flag of {FOREIGN_STOP_FLAGS[name]}, which yolo-cb does not read: set "
+                             f"trainer.stop = True (optionally trainer.stop_reason = '...') to end the run after this batch or epoch")

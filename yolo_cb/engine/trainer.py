@@ -26,7 +26,7 @@ from yolo_cb.engine.place import Place, make_save_dir
 from yolo_cb.engine.run_state import Clock, Progress, RunState, delegate, state_field
 from yolo_cb.engine.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: engine/ddp.py reads it here)
 from yolo_cb.engine.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError  # noqa: F401  (public names)
-from yolo_cb.engine.stop import StopCause
+from yolo_cb.engine.stop import StopCause, refuse_foreign_stop_flag
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
@@ -94,6 +94,10 @@ class Trainer:
     epoch_time, epoch_time_start = delegate("clock", "epoch_time"), delegate("clock", "epoch_time_start")
     epoch_record = property(lambda t: t.output.record, doc="The last epoch's EpochRecord (engine/epoch_record.py), from on_model_save on.")
     new_images = property(lambda t: t.output.images, doc="Image files written this epoch: a writer appends, loggers read.")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_foreign_stop_flag(name)  # trainer.stop_training / should_stop / should_training_stop would do nothing
+        super().__setattr__(name, value)
 
     # --- small helpers ------------------------------------------------------------------
     @property
@@ -193,6 +197,10 @@ class Trainer:
     def _fit(self) -> None:
         """The epochs: train, validate and save, on_fit_epoch_end; stop when every rank agrees to."""
         for epoch in range(self.start_epoch, self.epochs):
+            if self.signals.agree_to_stop(self):  # set before the epoch's first batch (on_pretrain_routine_*, on_train_start, ...)
+                self.signals.raise_on_signal(self)
+                LOGGER.info(f"stopping before epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}; epoch {epoch + 1} is not trained")
+                break
             self.epoch = epoch
             self._train_epoch()
             self.signals.raise_on_signal(self)

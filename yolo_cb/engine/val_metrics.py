@@ -118,9 +118,10 @@ class DetectionMetrics(dict):
     """The metrics mapping (metric key -> float, as before) with Ultralytics' DetMetrics attributes; see the module doc."""
 
     def __init__(self, values: dict[str, float], det: DetMetrics | None = None, speed: dict[str, float] | None = None,
-                 names: dict[int, str] | None = None):
+                 names: dict[int, str] | None = None, confusion_matrix: Any = None):
         super().__init__(values)
         self.det_metrics = det
+        self.confusion_matrix = confusion_matrix  # the validation's yolo_cb.metrics.ConfusionMatrix (.matrix); None without one
         self.box = BoxMetric(det, self)
         self.speed = {k: float((speed or {}).get(k, 0.0)) for k in SPEED_KEYS}
         self.names = dict(names if names is not None else (det.names if det is not None else {}))

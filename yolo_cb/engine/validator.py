@@ -28,6 +28,7 @@ from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.utils import plotting
+from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
@@ -297,7 +298,7 @@ class Validator:
         for s in self.stats:
             self.det_metrics.update(s["pred_boxes"], s["pred_scores"], s["pred_cls"], s["gt_boxes"], s["gt_cls"], key=s["image_id"])
         m = self.det_metrics.compute()
-        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names)
+        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix)
         self.per_class = m.per_class
         self.fitness = m.fitness
 
@@ -341,6 +342,20 @@ class Validator:
                  plotting.plot_mc_curve(m.px, m.p_curve[valid], names, d / "P_curve.png", ylabel="Precision"),
                  plotting.plot_mc_curve(m.px, m.r_curve[valid], names, d / "R_curve.png", ylabel="Recall")]
         return files
+
+    def plot_val_samples(self, batch: dict, ni: int) -> Path:
+        """Ultralytics' name: the batch's images with their labels, into <save_dir>/val_batch{ni}_labels.jpg (the loop never
+        calls it: call it from an on_val_batch_end callback, e.g. with validator.batch, validator.batch_i)."""
+        path = Path(self.save_dir or ".") / f"val_batch{ni}_labels.jpg"
+        plot_batch(batch["img"], targets_to_boxes(batch["targets"], len(batch["img"])), self.names, path)
+        return path
+
+    def plot_predictions(self, batch: dict, preds: list, ni: int, conf: float = 0.25) -> Path:
+        """Ultralytics' name: the batch's images with `preds` (validator.preds: per image [x1, y1, x2, y2, conf, cls]) of
+        confidence >= conf, into <save_dir>/val_batch{ni}_pred.jpg."""
+        path = Path(self.save_dir or ".") / f"val_batch{ni}_pred.jpg"
+        plot_batch(batch["img"], [p[p[:, 4] >= conf].detach().float().cpu() for p in preds], self.names, path, scores=True)
+        return path
 
     def save_json(self) -> tuple[Path, Path]:
         """predictions.json (COCO results) and ground_truth.json (COCO dataset built from the YOLO labels)."""

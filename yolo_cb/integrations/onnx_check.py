@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from yolo_cb.callbacks.registry import integration
+from yolo_cb.callbacks.registry import callback_alias, integration
 from yolo_cb.engine.checkpoint import model_from_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.exporter import compare, onnx_bytes
@@ -98,6 +98,7 @@ def _flatten(output) -> list:
 
 
 # a strict check must fail the run; otherwise a failing check switches itself off and training goes on
+@callback_alias("ModelConversionCheckCallback", {"atol": "tol"})  # SuperGradients' name
 @integration("onnx_check", enabled=lambda args: args.onnx_check in (True, "strict"),
              on_error=lambda args: "raise" if args.onnx_check == "strict" else "disable", requires={"onnxruntime": "pip install onnxruntime"})
 class OnnxCheck:

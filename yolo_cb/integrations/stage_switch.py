@@ -18,7 +18,7 @@ stored in checkpoints for the log line and idempotence. See docs/integrations.md
 
 from __future__ import annotations
 
-from yolo_cb.callbacks.registry import integration
+from yolo_cb.callbacks.registry import callback_alias, integration
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils.log import LOGGER
 
@@ -32,6 +32,8 @@ def switch_epoch(args, epochs: int) -> int | None:
 
 
 # it changes the training recipe: a failure must stop the run, not let it silently train another recipe
+@callback_alias("YoloXTrainingStageSwitchCallback", {"next_stage_start_epoch": "next_stage_start_epoch"})
+@callback_alias("YoloXTrainStageSwitchCallback", {"next_stage_start_epoch": "next_stage_start_epoch"})  # SuperGradients' names
 @integration("stage_switch", enabled=lambda args: switch_epoch(args, args.epochs) is not None, on_error="raise")
 class StageSwitch:
     """Applies the YOLOX no-augmentation stage; see the module docstring. Runs on every rank (each has its loader)."""

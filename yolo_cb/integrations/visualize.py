@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from yolo_cb.callbacks.registry import integration
+from yolo_cb.callbacks.registry import callback_alias, integration
 from yolo_cb.data.verify import imread
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.log import LOGGER
@@ -24,22 +24,24 @@ TRAIN_BATCHES = 3  # how many training batches are drawn
 PRED_CONF = 0.25  # predictions below this score are not drawn
 
 
+@callback_alias("DetectionVisualizationCallback", {"freq": "period"})  # SuperGradients' name: freq epochs apart
 @integration("visualize", enabled=lambda args: bool(args.plots))
 class Visualize:
     """Draws batches into the run dir (main process only); see the module docstring."""
 
-    def __init__(self, train_batches: int = TRAIN_BATCHES, conf: float = PRED_CONF):
+    def __init__(self, train_batches: int = TRAIN_BATCHES, conf: float = PRED_CONF, period: int | None = None):
         self.train_batches, self.conf = int(train_batches), float(conf)
         self.epoch = 0
         self.epochs = 0
         self.first_epoch = 0
+        self.given_period = period  # epochs between prediction images; None: the plot_period setting
         self.period = 1
         self.active = False  # a trainer is running an epoch (val images are drawn only for in-training validation)
 
     # --- trainer events ---------------------------------------------------------------------
     def on_train_epoch_start(self, trainer):
         self.epoch, self.epochs, self.first_epoch = trainer.epoch, trainer.epochs, trainer.start_epoch
-        self.period = max(int(getattr(trainer.args, "plot_period", 1) or 1), 1)
+        self.period = max(int(self.given_period or getattr(trainer.args, "plot_period", 1) or 1), 1)
         self.active = bool(trainer.is_main)
 
     def on_train_batch_end(self, trainer):

@@ -1,0 +1,48 @@
+"""Ultralytics' trainer methods that a subclass overrides, and what does their job here.
+
+Ultralytics' custom-trainer guides subclass its trainer and override these methods. The yolo-cb loop never calls
+them (its steps are callbacks on events), so a subclass defining one would train as if it did not: `refuse_unread_hooks`
+refuses such a class at train() with one line naming each method and the yolo-cb way to do its job. Methods the loop
+does call at their place (`label_loss_items`, `checkpoint_dict`, ...) are the Trainer's own and may be overridden.
+"""
+
+from __future__ import annotations
+
+from yolo_cb.errors import ConfigError
+
+# Ultralytics trainer method -> what does its job in yolo-cb (the loop never calls a method of this name).
+ULTRALYTICS_HOOKS: dict[str, str] = {
+    "validate": "an on_fit_epoch_end callback reading trainer.metrics (best.pt follows monitor=, e.g. monitor='metrics/mAP50(B)')",
+    "optimizer_step": "an on_before_optimizer_step callback (unscaled gradients, before clipping) or grad_clip=",
+    "build_optimizer": "the settings optimizer=, lr0=, momentum=, weight_decay=",
+    "get_model": "model= (a model YAML or a checkpoint)",
+    "get_dataloader": "the settings data=, batch=, workers=",
+    "build_dataset": "the settings data=, imgsz= and the augmentation settings",
+    "get_validator": "a callback on the validator's events (on_val_start ... on_val_end)",
+    "save_model": "an override of checkpoint_dict() (called for every checkpoint) or an on_model_save callback",
+    "preprocess_batch": "an on_train_batch_start callback that edits trainer.batch",
+    "plot_training_samples": "plots=True (train_batch*.jpg) or an on_train_batch_end callback",
+    "plot_training_labels": "plots=True",
+    "plot_metrics": "plots=True (results.png) or an on_train_end callback reading results.csv",
+    "final_eval": "an on_train_end callback (trainer.metrics: best.pt's final validation)",
+    "save_metrics": "an on_fit_epoch_end callback (results.csv is written by the built-in callback)",
+    "progress_string": "an on_train_batch_end callback (the progress line is the built-in callback's)",
+    "set_model_attributes": "an on_pretrain_routine_end callback (trainer.model is built there)",
+    "setup_model": "an on_pretrain_routine_end callback (trainer.model is built there)",
+    "resume_training": "resume= (the checkpoint's state is restored before on_pretrain_routine_end)",
+}
+
+
+def unread_hooks(trainer_class: type, base: type) -> list[str]:
+    """The Ultralytics method names `trainer_class` defines that `base`, the yolo-cb Trainer, neither has nor calls."""
+    return [name for name in ULTRALYTICS_HOOKS if not hasattr(base, name)
+            and any(name in vars(klass) for klass in trainer_class.__mro__ if klass not in base.__mro__)]
+
+
+def refuse_unread_hooks(trainer_class: type, base: type) -> None:
+    """ConfigError, one line, when `trainer_class` overrides an Ultralytics trainer method the yolo-cb loop never calls."""
+    names = unread_hooks(trainer_class, base)
+    if names:
+        ways = "; ".join(f"{name}() -> {ULTRALYTICS_HOOKS[name]}" for name in names)
+        raise ConfigError(f"trainer={trainer_class.__name__} defines {', '.join(f'{n}()' for n in names)}, which the yolo-cb "
+                          f"loop never calls (an Ultralytics trainer method), so it would silently not run. Here: {ways}")
