@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def pytest_configure(config):
     one two threads wait on each other at every parallel region (measured: tests/test_training_control.py and
     tests/test_lr_schedule.py beside two busy processes, 130 s with two threads, 57 s with one)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # A suite started in the background of a non-interactive shell (`make test &`, `bash -c '... &'`: how CI logs are
+    # often made) starts with SIGINT ignored, and every process a test starts inherits that through exec: Ctrl-C tests
+    # then see a child that cannot be interrupted. The suite runs as from a terminal: SIGINT raises KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _checkout_files() -> set[str]:

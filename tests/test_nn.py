@@ -61,6 +61,16 @@ def test_meta_gflops_equal_a_real_count(nano):
     assert nano.training is False  # model_info leaves the mode alone
 
 
+def test_gflops_of_a_training_model_at_imgsz_32():
+    """At imgsz 32 the stride-32 map is 1 x 1: the count must not run train-mode BatchNorm on it (a training at imgsz 32
+    crashed in its summary line), and the model stays in train mode."""
+    with torch.device("meta"):
+        model = build_model("yolox-nano", nc=3, verbose=False)
+    assert model.training
+    assert model_info(model, 32)["gflops"] == pytest.approx(model_info(model, 64)["gflops"] / 4, rel=0.05)
+    assert all(m.training for m in model.modules())
+
+
 def test_build_model_from_name_path_and_dict(caplog, tmp_path):
     with caplog.at_level(logging.INFO, logger="yolo_cb"):
         model = build_model("yolox-nano.yaml", nc=5, imgsz=416)

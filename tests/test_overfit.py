@@ -16,7 +16,7 @@ from yolo_cb.nn.postprocess import postprocess
 
 SHAPES = SHARED / "datasets" / "shapes"
 IMGSZ = 256  # letterboxed square input size
-NUM_IMAGES = 8  # images in the fixed batch
+NUM_IMAGES = 4  # images in the fixed batch (13 objects, every class)
 NUM_CLASSES = 4  # circle, rectangle, triangle, cross
 MAX_STEPS = 300  # optimisation steps allowed before the test fails
 EVAL_EVERY = 10  # steps between mAP50 checks (training stops at the first check that passes)

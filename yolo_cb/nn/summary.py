@@ -22,13 +22,21 @@ def count_params(model: nn.Module) -> int:
 def count_gflops(model: nn.Module, imgsz: int | tuple[int, int] = 640) -> float:
     """GFLOPs of one inference forward pass on a 3 x imgsz x imgsz image, as YOLOX reports them (2 x multiply-adds).
 
-    Runs on the meta device (shapes only), so it costs no compute and touches no real weights.
+    Runs on the meta device (shapes only), so it costs no compute and touches no real weights. The pass runs in eval
+    mode (an inference pass; a train-mode BatchNorm refuses the 1 x 1 map a batch of one has at imgsz 32), and every
+    module's mode is put back afterwards.
     """
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
     meta_state = {name: torch.empty_like(t, device="meta") for name, t in (*model.named_parameters(), *model.named_buffers())}
     x = torch.empty(1, 3, h, w, device="meta")
-    with FlopCounterMode(display=False) as counter:
-        functional_call(model, meta_state, (x,))  # BatchNorm statistics updates land on the meta copies
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            functional_call(model, meta_state, (x,))
+    finally:
+        for module, training in modes:
+            module.training = training
     return counter.get_total_flops() / 1e9
 
 
