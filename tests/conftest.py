@@ -105,3 +105,13 @@ TINY = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=1, workers=0, mos
 def tiny(tmp_path, shapes_small_yaml):
     """Keyword arguments for a tiny training run in tmp_path."""
     return {**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "name": "exp"}
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on loopback for the whole session (tests/pg_server.py); `postgres.database(name)` -> URL."""
+    from pg_server import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()

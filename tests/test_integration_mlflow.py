@@ -1,4 +1,4 @@
-"""MLflow: a real `mlflow server` on loopback (one per module), tiny trainings against it, read back with MlflowClient;
+"""MLflow: a real `mlflow server` on loopback (one per module, on a real PostgreSQL), tiny trainings against it, read back with MlflowClient;
 the server-less local store; and a closed port (training completes with exactly one warning)."""
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A real MLflow tracking server: SQLite backend, proxied artifacts, both in tmp; its URI."""
+def server(tmp_path_factory, postgres):
+    """A real MLflow tracking server as a team runs one: a PostgreSQL backend store (a real server on loopback,
+    tests/pg_server.py), artifacts proxied by the server into a folder in tmp; its URI."""
     root = tmp_path_factory.mktemp("mlflow_server")
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+           "--backend-store-uri", postgres.database("mlflow"), "--artifacts-destination", str(root / "artifacts"),
            "--workers", "1"]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers: 2 CPU cores
     env.pop("MLFLOW_TRACKING_URI", None)

@@ -156,11 +156,14 @@ def test_trial_pruned_through_trainer_stop(tmp_path, shapes_small_yaml):
 
 
 @pytest.mark.slow
-def test_two_processes_share_one_sqlite_study(tmp_path, shapes_small_yaml):
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_two_processes_share_one_study(tmp_path, shapes_small_yaml, database, request):
+    """Two workers on one study (one SQLite file on this machine; a real PostgreSQL server, as for several machines): every
+    trial is trained once, and the workers together train exactly `iterations` (none starts a trial the study no longer needs)."""
     import optuna
 
-    storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    settings = {**TRIAL, "data": str(shapes_small_yaml), "iterations": 2, "pruner": "none", "space": SPACE, "mlflow": False,
+    storage = f"sqlite:///{tmp_path / 'shared.db'}" if database == "sqlite" else request.getfixturevalue("postgres").database("shared")
+    settings = {**TRIAL, "data": str(shapes_small_yaml), "iterations": 3, "pruner": "none", "space": SPACE, "mlflow": False,
                 "storage": storage, "name": "shared", "callbacks": "on_train_start=cbpkg.tune_helpers:wait_for_peer"}
     procs = [tune_cli(tmp_path, {**settings, "project": str(tmp_path / f"worker{i}"), "seed": i}, TUNE_PEER_STORAGE=storage,
                       TUNE_PEER_STUDY="shared") for i in (1, 2)]
@@ -168,7 +171,8 @@ def test_two_processes_share_one_sqlite_study(tmp_path, shapes_small_yaml):
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     study = optuna.load_study(study_name="shared", storage=storage)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) >= 2 and len({t.number for t in done}) == len(done)
+    assert len(study.trials) == len(done) == 3 and len({t.number for t in done}) == 3, [(t.number, t.state.name) for t in study.trials]
+    assert len({Path(t.user_attrs["run_dir"]) for t in done}) == 3
     workers = {Path(t.user_attrs["run_dir"]).parents[2].name for t in done}  # <project>/shared/trials/trial_<n>
     assert workers == {"worker1", "worker2"}, [t.user_attrs["run_dir"] for t in done]
     for t in done:

@@ -18,12 +18,15 @@ import yaml
 from test_tune import SPACE, TRIAL, cli_env, read_csv, tune_cli
 
 
-def start_and_hold(tmp_path: Path, data: Path) -> tuple[subprocess.Popen, Path, Path]:
+def held_settings(tmp_path: Path, data: Path, **more) -> dict:
+    return {**TRIAL, "epochs": 2, "data": str(data), "iterations": 1, "pruner": "none", "space": SPACE, "mlflow": False,
+            "project": str(tmp_path / "tunes"), "name": "t", "callbacks": "on_train_epoch_start=cbpkg.tune_helpers:hold_second_epoch", **more}
+
+
+def start_and_hold(tmp_path: Path, data: Path, **more) -> tuple[subprocess.Popen, Path, Path]:
     """A tune (1 trial of 2 epochs) held at the start of its trial's 2nd epoch: (process, tune folder, trial 0's last.pt)."""
     folder, hold = tmp_path / "tunes" / "t", tmp_path / "held"
-    settings = {**TRIAL, "epochs": 2, "data": str(data), "iterations": 1, "pruner": "none", "space": SPACE, "mlflow": False,
-                "project": str(tmp_path / "tunes"), "name": "t", "callbacks": "on_train_epoch_start=cbpkg.tune_helpers:hold_second_epoch"}
-    proc = tune_cli(tmp_path, settings, TUNE_HOLD=str(hold))
+    proc = tune_cli(tmp_path, held_settings(tmp_path, data, **more), TUNE_HOLD=str(hold))
     deadline = time.monotonic() + 300
     while not hold.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -40,11 +43,12 @@ def resume(tmp_path: Path, folder: Path) -> str:
     return proc.stdout + proc.stderr
 
 
-def check_continued(folder: Path, out: str) -> None:
-    """The interrupted baseline trial 0 ran again as trial 1, from its last.pt, and was scored; nothing is left RUNNING."""
+def check_continued(folder: Path, out: str, storage: str | None = None, records: Path | None = None) -> None:
+    """The interrupted baseline trial 0 (in `folder`) ran again as trial 1, from its last.pt, and was scored; nothing is
+    left RUNNING. `records`: the tune folder of the process that continued it (its trials.csv), if not `folder`."""
     import optuna
 
-    study = optuna.load_study(study_name="t", storage=f"sqlite:///{folder / 'study.db'}")
+    study = optuna.load_study(study_name="t", storage=storage or f"sqlite:///{folder / 'study.db'}")
     states = [(t.number, t.state.name) for t in study.trials]
     assert states == [(0, "FAIL"), (1, "COMPLETE")], states
     first, again = study.trials
@@ -56,7 +60,7 @@ def check_continued(folder: Path, out: str) -> None:
     assert f"trial 1 continues trial 0 from {trial_dir.resolve() / 'weights' / 'last.pt'}" in out, out[-3000:]
     assert [int(r["epoch"]) for r in read_csv(trial_dir / "results.csv")] == [1, 2]  # epoch 1 from the first process, 2 resumed
     assert again.user_attrs["epochs"] == 2 and sorted(again.intermediate_values) == [0, 1]
-    rows = read_csv(folder / "trials.csv")
+    rows = read_csv((records or folder) / "trials.csv")
     assert [(r["number"], r["state"]) for r in rows] == [("0", "FAIL"), ("1", "COMPLETE")] and rows[1]["fitness"] != ""
 
 
@@ -69,6 +73,21 @@ def test_kill_9_during_a_trial_then_resume_continues_it_from_last_pt(tmp_path, s
     out = resume(tmp_path, folder)
     assert "trial 0 was cut short (its process is gone)" in out, out[-3000:]
     check_continued(folder, out)
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_worker_on_a_postgresql_study_then_a_live_worker_continues_its_trial(tmp_path, shapes_small_yaml, postgres):
+    """Scale-out: workers share one study on a real PostgreSQL server. One is killed (-9) in the middle of a trial; the
+    next worker to join marks that trial failed and interrupted, and trains it again from its last.pt, in its folder."""
+    storage = postgres.database("killed")
+    proc, folder, _ = start_and_hold(tmp_path, shapes_small_yaml, storage=storage)
+    proc.kill()
+    proc.communicate(timeout=60)
+    worker = tune_cli(tmp_path, held_settings(tmp_path, shapes_small_yaml, storage=storage, project=str(tmp_path / "worker2")))
+    out, _ = worker.communicate(timeout=600)
+    assert worker.returncode == 0, out[-4000:]
+    assert "joined" in out and "trial 0 was cut short (its process is gone)" in out, out[-3000:]
+    check_continued(folder, out, storage=storage, records=tmp_path / "worker2" / "t")
 
 
 @pytest.mark.slow

@@ -228,7 +228,7 @@ class Tuner:
 
     def _open_study(self):
         optuna = self.optuna
-        storage = self.storage or open_storage(optuna, self.storage_url)
+        storage = self.storage = self.storage or open_storage(optuna, self.storage_url)
         how = "resumed"
         if self.resumed:
             study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self._pruner())
@@ -258,6 +258,15 @@ class Tuner:
     def _done(self, study) -> int:
         return sum(report.counts_as_done(t) for t in study.get_trials(deepcopy=False))
 
+    def _budget_left(self, study) -> bool:
+        """Whether this process starts another trial: the study's finished trials plus those other processes are running
+        now stay under `iterations`, so workers sharing a study never train more than it. A RUNNING trial whose process
+        died (kill -9) is marked failed first and queued again, so a live worker picks it up."""
+        if fail_stale_trials(self.optuna, study, self.storage):
+            requeue_interrupted(study)
+        running = len(study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)))
+        return self._done(study) + running < self.args.iterations
+
     def run(self) -> dict:
         optuna = self.optuna
         self.tune_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +282,7 @@ class Tuner:
                 self._write_record()
             self.tracker.start({"study": self.study_name, "iterations": self.args.iterations, "pruner": type(study.pruner).__name__,
                                 "space": {p.name: p.as_yaml() for p in self.params}, **self.base})
-            while self._done(study) < self.args.iterations:
+            while self._budget_left(study):
                 study.optimize(self._objective, n_trials=1, catch=(Exception,), callbacks=[self._after_trial])
         except KeyboardInterrupt as error:
             interrupted = error
