@@ -70,12 +70,13 @@ class YOLO:
         return kwargs
 
     # --- callbacks ------------------------------------------------------------------------
-    def add_callback(self, event: str, fn: Callable, on_error: str = "raise") -> YOLO:
-        self.callbacks.add_callback(event, fn, on_error=on_error)
+    def add_callback(self, event: str, fn: Callable, on_error: str = "raise", *, name: str | None = None, after=None, before=None) -> YOLO:
+        """Register `fn(obj)` on `event`; `name` (default: the function's), `after` / `before` (callback names) place it."""
+        self.callbacks.add_callback(event, fn, on_error=on_error, name=name, after=after, before=before)
         return self
 
-    def add_callbacks(self, obj: Any, on_error: str = "raise") -> YOLO:
-        self.callbacks.add_callbacks(obj, on_error=on_error)
+    def add_callbacks(self, obj: Any, on_error: str = "raise", *, name: str | None = None, after=None, before=None) -> YOLO:
+        self.callbacks.add_callbacks(obj, on_error=on_error, name=name, after=after, before=before)
         return self
 
     def set_callback(self, event: str, fn: Callable, on_error: str = "raise") -> YOLO:
@@ -93,9 +94,11 @@ class YOLO:
 
     def _engine_callbacks(self, args) -> Callbacks:
         from yolo_cb.callbacks.assemble import apply_specs
+        from yolo_cb.callbacks.registry import REGISTRY
 
         callbacks = self.callbacks.copy()
         apply_specs(callbacks, args.callbacks)
+        callbacks.check_names(REGISTRY)
         return callbacks
 
     # --- what Ultralytics' Model exposes -----------------------------------------------------

@@ -6,6 +6,9 @@ Accepted declarations (CLI `callbacks=` comma-separated, or a YAML `callbacks:` 
   on_fit_epoch_end=mypkg.cbs:fn       an event and an import path to a function fn(obj)
   {on_fit_epoch_end: mypkg.cbs:fn}    the same, YAML style
   mypkg.cbs:MyCallback                an import path to a class (instantiated) or an object with on_* methods
+Each YAML form places the callback with `name`, `after` and `before` (callbacks/order.py):
+  {on_fit_epoch_end: {call: mypkg.cbs:fn, name: notify, after: checkpoint}}
+  {early_stop_at: {target: 0.5, after: [checkpoint]}}    (after / before / name are not passed to the class)
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from yolo_cb.callbacks.builtin import DEFAULTS
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.lr_schedule import schedule_callback
+from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
-__all__ = ["apply_specs", "build_registered", "build_trainer_callbacks", "importable", "in_dependency_order", "load_builtins",
-           "parse_specs"]
+__all__ = ["apply_specs", "build_registered", "build_trainer_callbacks", "importable", "load_builtins", "parse_specs"]
+PLACEMENT = ("name", "after", "before")  # keys of a YAML declaration that place the callback (never passed to it)
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
@@ -40,7 +44,7 @@ def build_registered(name: str, kwargs: dict | None = None) -> Any:
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:
-    """Register every declared callback in `value` on `callbacks` (user group)."""
+    """Register every declared callback in `value` on `callbacks` (origin "yaml")."""
     for item in parse_specs(value):
         if isinstance(item, dict):
             for key, arg in item.items():
@@ -55,15 +59,29 @@ def apply_specs(callbacks: Callbacks, value: Any) -> None:
             _add_object(callbacks, item, None)
 
 
+def _placement(kwargs: dict | None) -> tuple[dict, dict]:
+    """A declaration's arguments split into (name / after / before, the rest)."""
+    kwargs = dict(kwargs or {})
+    return {k: kwargs.pop(k) for k in PLACEMENT if k in kwargs}, kwargs
+
+
 def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
     if event not in EVENTS:
         raise ValueError(f"callbacks: unknown event '{event}'.{event_hint(event)}")
+    place: dict = {}
+    if isinstance(path, dict):
+        place, rest = _placement(path)
+        if set(rest) != {"call"}:
+            raise ValueError(f"callbacks: '{event}: {path}' must be {{call: module:function}} with optional name / after / before; "
+                             f"got keys {sorted(rest)}")
+        path = rest["call"]
     fn = import_object(path) if isinstance(path, str) else path
-    callbacks.add_callback(event, fn)
+    callbacks.add_callback(event, fn, origin="yaml", **place)
 
 
 def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     load_builtins()
+    place, kwargs = _placement(kwargs)
     if name in REGISTRY:
         obj = build_registered(name, kwargs)
         callbacks.remove(name)  # a declared built-in (with its parameters) replaces the one the settings registered
@@ -73,19 +91,7 @@ def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
         obj = import_object(name)
         if isinstance(obj, type):
             obj = obj(**(kwargs or {}))
-    callbacks.add_callbacks(obj, name=getattr(obj, "registry_name", None))
-
-
-def in_dependency_order(names: tuple[str, ...]) -> list[str]:
-    """Registered names ordered so that each comes after those its class names in `runs_after` (otherwise as given)."""
-    pending, ordered = list(names), []
-    while pending:
-        ready = next((n for n in pending if all(d in ordered or d not in pending for d in getattr(REGISTRY[n], "runs_after", ()))), None)
-        if ready is None:
-            raise ValueError(f"callbacks {pending} wait for each other (runs_after forms a cycle)")
-        ordered.append(ready)
-        pending.remove(ready)
-    return ordered
+    callbacks.add_callbacks(obj, name=place.pop("name", None) or getattr(obj, "registry_name", None), origin="yaml", **place)
 
 
 def importable(module: str) -> bool:
@@ -96,13 +102,14 @@ def importable(module: str) -> bool:
 
 
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
-    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
+    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`), in that
+    registration order, each placed by its name / after / before."""
     load_builtins()
     callbacks = Callbacks()
-    for name in in_dependency_order(DEFAULTS):
+    for name in DEFAULTS:
         obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
         if obj is not None:  # lr_scheduler=none: no callback owns the LR
-            callbacks.add_callbacks(obj, group="default", name=name)
+            callbacks.add_callbacks(obj, origin="default", name=name)
     for name, spec in INTEGRATIONS.items():
         if not spec.enabled(args):
             continue
@@ -110,9 +117,12 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
         if missing:
             LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
             continue
-        callbacks.add_callbacks(build_registered(name, {}), group="integration", on_error=spec.policy(args), name=name)
+        callbacks.add_callbacks(build_registered(name, {}), origin="integration", on_error=spec.policy(args), name=name)
     callbacks.mark_defaults()
     if user is not None:
         callbacks.extend(user)
     apply_specs(callbacks, getattr(args, "callbacks", None))
+    callbacks.check_names(REGISTRY)
+    if getattr(args, "strict_callbacks", False):
+        warn_foreign_events(callbacks)
     return callbacks

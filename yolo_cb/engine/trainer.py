@@ -124,9 +124,10 @@ class Trainer:
             self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
 
     # --- what Ultralytics' trainer exposes to callbacks and integrations -------------------
-    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
-        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback); it runs from the event's next firing."""
-        self.callbacks.add_callback(event, fn, on_error=on_error)
+    def add_callback(self, event: str, fn, on_error: str = "raise", **placement) -> None:
+        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback; name= / after= / before= place it); it
+        runs from the event's next firing."""
+        self.callbacks.add_callback(event, fn, on_error=on_error, **placement)
 
     @property
     def last(self) -> Path | None:
@@ -254,7 +255,7 @@ class Trainer:
             self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
-            LOGGER.info("callbacks (event, group, on_error, callback):\n" + self.callbacks.table())
+            LOGGER.info("callbacks, per event in firing order:\n" + self.callbacks.table())
         self.run_callbacks("on_pretrain_routine_end")
 
     def _build_model(self) -> None:
