@@ -18,7 +18,7 @@ from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune")
-SPECIAL = ("cfg", "help", "version")
+SPECIAL = ("cfg", "callbacks", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -26,6 +26,7 @@ yolo-cb: train, validate, export and run YOLOX detectors; the training loop is d
 Usage:
   yolo-cb MODE key=value ...      MODE is one of: train val predict export tune
   yolo-cb cfg                     every setting with its default and meaning
+  yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb help | version
 
 Examples:
@@ -87,6 +88,14 @@ def print_settings() -> None:
             print(f"{key:<24} {shown:<12} {comment}")
 
 
+def training_callbacks(overrides: dict[str, str]):
+    """The callbacks a `yolo-cb train` with `overrides` would run (model=, cfg=, callbacks= and the integrations' settings)."""
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
+    from yolo_cb.config import get_config
+
+    return build_trainer_callbacks(get_config({**overrides, "mode": "train"}))
+
+
 def drain(results: Iterator[object]) -> int:
     """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
     the number of images and video frames. Returns how many there were."""
@@ -111,6 +120,9 @@ def run(argv: list[str]) -> object:
         return None
     if mode == "cfg":
         print_settings()
+        return None
+    if mode == "callbacks":
+        print(training_callbacks(overrides).table())
         return None
     from yolo_cb.config import get_config
     from yolo_cb.utils.log import setup_logging

@@ -13,6 +13,7 @@ from typing import Any
 from yolo_cb.callbacks.event_list import EventCallbacks
 from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS, event_hint
 from yolo_cb.callbacks.order import EVERY, ORIGINS, Entry, callback_name, names_of, resolve, short_name
+from yolo_cb.errors import ConfigError
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
@@ -112,13 +113,14 @@ class Callbacks:
     def check_names(self, elsewhere: Iterable[str] = ()) -> None:
         """Every name in an after= / before= is a callback of this set, or in `elsewhere` (the registered names: a built-in
         this run leaves out, e.g. lr_schedule with lr_scheduler=none, is no error)."""
-        known = {e.name for e in self.entries()} | set(elsewhere) | {EVERY}
+        here = {e.name for e in self.entries()}
         for event, entries in self._entries.items():
             for e in entries:
                 for other in (*e.after, *e.before):
-                    if other not in known:
-                        raise ValueError(f"callback '{e.name}' ({event}) is declared after/before '{other}', which no callback "
-                                         f"is named.{did_you_mean(other, known - {EVERY})} Names: {', '.join(sorted(known - {EVERY}))}")
+                    if other not in here and other not in elsewhere and other != EVERY:
+                        side = "after" if other in e.after else "before"
+                        raise ConfigError(f"callback '{e.name}' ({event}) is declared {side}='{other}', but no callback has that "
+                                          f"name.{did_you_mean(other, here)} Callbacks of this run: {', '.join(sorted(here))}")
 
     def set_callback(self, event: str, fn: Callable, **kwargs) -> Entry:
         """Replace every callback of `event` with `fn`."""

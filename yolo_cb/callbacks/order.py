@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from yolo_cb.errors import ConfigError
+
 ORIGINS = ("default", "integration", "user", "yaml")  # where a callback came from (shown by describe(), never ordering)
 EVERY = "*"  # in after= / before=: every other callback of the event
 
@@ -78,7 +80,7 @@ class Entry:
 
 def resolve(event: str, entries: list[Entry]) -> list[Entry]:
     """`entries` in the order their after= / before= declare, registration order between free ones; a cycle is a
-    ValueError naming its callbacks."""
+    ConfigError (a ValueError) naming its callbacks."""
     if not any(e.after or e.before for e in entries):
         return sorted(entries, key=lambda e: e.seq)
     by_name: dict[str, list[Entry]] = {}
@@ -108,22 +110,42 @@ def _star_exempt(first: Entry, then: Entry) -> bool:
     return explicit or (EVERY in first.after and EVERY in then.after) or (EVERY in first.before and EVERY in then.before)
 
 
+def _priorities(entries: list[Entry], follows: dict[int, set[int]]) -> dict[int, int]:
+    """Each entry's place among the free ones: its own registration number, or that of the earliest callback it must
+    precede (directly or not), so `before="x"` lands right before x rather than wherever its own number puts it."""
+    precedes: dict[int, list[int]] = {id(e): [] for e in entries}
+    for then, firsts in follows.items():
+        for first in firsts:
+            precedes[first].append(then)
+    seq = {id(e): e.seq for e in entries}
+    found: dict[int, int] = {}
+
+    def key(node: int, visiting: frozenset) -> int:
+        if node not in found:
+            later = [key(n, visiting | {node}) for n in precedes[node] if n not in visiting]  # a cycle is reported later
+            found[node] = min([seq[node], *later])
+        return found[node]
+
+    return {id(e): key(id(e), frozenset()) for e in entries}
+
+
 def _topological(event: str, entries: list[Entry], follows: dict[int, set[int]]) -> list[Entry]:
     by_id = {id(e): e for e in entries}
+    rank = _priorities(entries, follows)
     waiting = {key: set(deps) for key, deps in follows.items()}
-    ready = [(e.seq, id(e)) for e in entries if not waiting[id(e)]]
+    ready = [(rank[id(e)], e.seq, id(e)) for e in entries if not waiting[id(e)]]
     heapq.heapify(ready)
     ordered: list[Entry] = []
     while ready:
-        _, key = heapq.heappop(ready)
+        *_, key = heapq.heappop(ready)
         ordered.append(by_id[key])
         for other, deps in waiting.items():
             if key in deps:
                 deps.discard(key)
                 if not deps:
-                    heapq.heappush(ready, (by_id[other].seq, other))
+                    heapq.heappush(ready, (rank[other], by_id[other].seq, other))
     if len(ordered) < len(entries):
-        raise ValueError(f"callbacks of '{event}' form a cycle in their after=/before= declarations: {' -> '.join(_cycle(waiting, by_id))}")
+        raise ConfigError(f"callbacks of '{event}' form a cycle in their after=/before= declarations: {' -> '.join(_cycle(waiting, by_id))}")
     return ordered
 
 
