@@ -70,7 +70,7 @@ class WandB:
         from yolo_cb.integrations.visualize import image_tag
 
         record = trainer.epoch_record
-        values = {**record.train, **record.lr, "epoch": trainer.epoch, **(record.metrics if record.validated else {})}
+        values = {**record.scalars(), "epoch": trainer.epoch}
         for path in trainer.new_images:
             values[image_tag(path, trainer.epoch)[0]] = wandb.Image(str(path))
         self.run.log(values, step=(trainer.epoch + 1) * trainer.num_batches - 1)
