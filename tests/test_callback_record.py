@@ -72,8 +72,7 @@ def test_callbacks_json_records_every_callback(stopped_and_resumed):
     assert rows[("on_fit_epoch_end", "history")]["calls"] == 2
     assert rows[("on_model_save", "checkpoint")]["origin"] == "default" and rows[("on_model_save", "checkpoint")]["calls"] == 2
     assert record["world_size"] == 1 and record["ranks_missing"] == []
-    teardown = rows[("teardown", "callback_record")]
-    assert teardown["calls"] == 1  # the file is rewritten at teardown, after its own call was counted
+    assert rows[("teardown", "progress")]["calls"] == 1  # rewritten at teardown, after the other teardown callbacks ran
 
 
 def test_phase_timings_in_results_csv_sum_to_the_epoch_time(stopped_and_resumed):
@@ -83,7 +82,7 @@ def test_phase_timings_in_results_csv_sum_to_the_epoch_time(stopped_and_resumed)
     for row in rows:
         phases = [float(row[f"time/{name}_ms"]) for name in PHASES]
         epoch = float(row["time/epoch_ms"])
-        assert all(p >= 0 for p in phases) and min(phases[:4]) > 0, row
+        assert all(p >= 0 for p in phases) and min(phases[:3]) > 0, row  # (4 batches of 8, nbs 64: few optimizer steps)
         assert abs(sum(phases) - epoch) <= 0.1 * epoch, (row, sum(phases), epoch)
 
 

@@ -190,13 +190,12 @@ class Callbacks:
 
     def _handle_error(self, entry: Entry, event: str, error: Exception) -> None:
         message = f"{type(error).__name__}: {error}"
+        entry.errors.append(f"{event}: {message}")
         if event in NEVER_RAISE and entry.on_error == "raise":
-            entry.errors.append(f"{event}: {message}")
             LOGGER.error(f"ERROR callback '{entry.name}' failed in '{event}' ({message}); the error being handled is kept and re-raised")
             return
         if entry.on_error == "raise":
             raise CallbackError(entry.name, event, error, entry.where) from error
-        entry.errors.append(f"{event}: {message}")
         if entry.on_error == "disable":
             self.disable(entry, f"failed in {event}: {message}")
             LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({message}); it is switched off, training goes on")
