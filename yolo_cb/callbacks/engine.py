@@ -108,7 +108,7 @@ class Callbacks:
         """Store `event`'s entries in their resolved order (a cycle raises and leaves the event as it was)."""
         ordered = resolve(event, entries)
         self._entries[event] = ordered
-        self._run[event] = tuple(ordered)
+        self._run[event] = tuple(e for e in ordered if e.enabled)
 
     def check_names(self, elsewhere: Iterable[str] = ()) -> None:
         """Every name in an after= / before= is a callback of this set, or in `elsewhere` (the registered names: a built-in
@@ -173,20 +173,20 @@ class Callbacks:
                 check_event(event)
             return
         clock = time.perf_counter
-        for entry in entries:  # a snapshot: callbacks added or removed while this event runs take effect from its next firing
-            if not entry.enabled:
-                continue
+        for entry in entries:  # a snapshot of the enabled ones: changes made while this event runs apply from its next firing
             start = clock()
             try:
                 entry.fn(obj)
             except Exception as error:
-                self._handle_error(entry, event, error)
-            finally:
-                spent = clock() - start
                 entry.calls += 1
-                entry.seconds += spent
-                if spent > entry.max_seconds:
-                    entry.max_seconds = spent
+                entry.seconds += clock() - start
+                self._handle_error(entry, event, error)
+                continue
+            spent = clock() - start
+            entry.calls += 1
+            entry.seconds += spent
+            if spent > entry.max_seconds:
+                entry.max_seconds = spent
 
     def _handle_error(self, entry: Entry, event: str, error: Exception) -> None:
         message = f"{type(error).__name__}: {error}"
@@ -204,9 +204,12 @@ class Callbacks:
 
     def disable(self, entry: Entry, why: str = "disabled") -> None:
         """Switch off `entry` and every other entry of the same owner object (one integration), saying why."""
-        for e in self.entries():
-            if e is entry or (entry.owner is not None and e.owner is entry.owner):
-                e.enabled, e.disabled_why = False, e.disabled_why or why
+        for event, entries in self._entries.items():
+            if any(e is entry or (entry.owner is not None and e.owner is entry.owner) for e in entries):
+                for e in entries:
+                    if e is entry or (entry.owner is not None and e.owner is entry.owner):
+                        e.enabled, e.disabled_why = False, e.disabled_why or why
+                self._run[event] = tuple(e for e in entries if e.enabled)
 
     # --- introspection ------------------------------------------------------------------
     def get(self, event: str, default: Any = None) -> EventCallbacks:

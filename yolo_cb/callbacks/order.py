@@ -51,7 +51,7 @@ def names_of(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return names
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     """One registered callback: the function, its name and place, error policy, and what it did (the record)."""
 
