@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,15 @@ def test_callbacks_json_records_every_callback(stopped_and_resumed):
     assert rows[("on_model_save", "checkpoint")]["origin"] == "default" and rows[("on_model_save", "checkpoint")]["calls"] == 2
     assert record["world_size"] == 1 and record["ranks_missing"] == []
     assert rows[("teardown", "progress")]["calls"] == 1  # rewritten at teardown, after the other teardown callbacks ran
+
+
+def test_the_documented_never_ran_helper_reads_the_record(stopped_and_resumed):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "callbacks.md").read_text()
+    section = doc[doc.index("## What ran: callbacks.json"):doc.index("## Strict mode")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    namespace: dict = {}
+    exec(compile(code, "docs/callbacks.md example", "exec"), namespace)  # noqa: S102 - the documented code
+    assert namespace["never_ran"](stopped_and_resumed["folder"]) == []  # strict_callbacks passed: every user callback ran
 
 
 def test_phase_timings_in_results_csv_sum_to_the_epoch_time(stopped_and_resumed):
