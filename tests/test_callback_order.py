@@ -146,3 +146,13 @@ def test_describe_is_what_the_table_prints():
     assert {"event", "name", "origin", "on_error", "rank", "where"} <= set(rows[0])
     assert [r["name"] for r in rows if r["event"] == "on_model_save"] == names(cb, "on_model_save")
     assert all(r["name"] in cb.table() for r in rows)
+
+
+def test_a_removed_callback_leaves_no_dangling_place():
+    cb = Callbacks()
+    first, second = (lambda o: None), (lambda o: None)
+    cb["on_train_end"].append(first)
+    cb["on_train_end"].insert(0, second)  # declared before the first lambda
+    cb["on_train_end"].remove(first)
+    assert cb.entries("on_train_end")[0].before == ()
+    cb.check_names()  # no error for a name that was there and was removed

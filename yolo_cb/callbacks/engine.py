@@ -137,10 +137,19 @@ class Callbacks:
             keep = [e for e in entries if e.name != name and getattr(e.owner, "registry_name", None) != name]
             removed += len(entries) - len(keep)
             self._set(event, keep)
-        return removed
+        return removed  # declarations naming it stay: a declared built-in replaces it under the same name
 
     def remove_entry(self, event: str, entry: Entry) -> None:
         self._set(event, [e for e in self._entries.get(event, []) if e is not entry])
+        self._forget({entry.name})
+
+    def _forget(self, names: set[str]) -> None:
+        """Drop after= / before= references to callbacks that were removed (a place relative to nothing is no place)."""
+        gone = names - {e.name for e in self.entries()}
+        if not gone:
+            return
+        for e in self.entries():
+            e.after, e.before = tuple(n for n in e.after if n not in gone), tuple(n for n in e.before if n not in gone)
 
     def mark_defaults(self) -> None:
         """Remember the current registrations as the defaults that reset_callbacks() returns to."""
