@@ -12,8 +12,9 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import describe_settings, load_defaults
+from yolo_cb.config import describe_settings, get_config, load_defaults
 from yolo_cb.errors import UserError
+from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
@@ -88,14 +89,6 @@ def print_settings() -> None:
             print(f"{key:<24} {shown:<12} {comment}")
 
 
-def training_callbacks(overrides: dict[str, str]):
-    """The callbacks a `yolo-cb train` with `overrides` would run (model=, cfg=, callbacks= and the integrations' settings)."""
-    from yolo_cb.callbacks.assemble import build_trainer_callbacks
-    from yolo_cb.config import get_config
-
-    return build_trainer_callbacks(get_config({**overrides, "mode": "train"}))
-
-
 def drain(results: Iterator[object]) -> int:
     """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
     the number of images and video frames. Returns how many there were."""
@@ -121,20 +114,19 @@ def run(argv: list[str]) -> object:
     if mode == "cfg":
         print_settings()
         return None
-    if mode == "callbacks":
-        print(training_callbacks(overrides).table())
-        return None
-    from yolo_cb.config import get_config
-    from yolo_cb.utils.log import setup_logging
-
-    args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
+    args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
+    if mode == "callbacks":  # the callbacks `yolo-cb train` with these settings runs, per event in firing order
+        print(YOLO(args.model or DEFAULT_MODEL).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table())
+        return None
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+    if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
+        return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
 

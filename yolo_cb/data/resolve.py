@@ -21,7 +21,10 @@ import logging
 import os
 from pathlib import Path
 
+from yolo_cb.data.download import download_dataset, is_url
+from yolo_cb.data.synthetic import generate_shapes
 from yolo_cb.errors import DataError, load_yaml, short_repr
+from yolo_cb.paths import find_dataset_cfg
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -99,8 +102,6 @@ def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
 
 
 def _generate(spec, target: Path, yaml_file: Path) -> None:
-    from yolo_cb.data.synthetic import generate_shapes
-
     spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
     kind = spec.pop("kind", "shapes")
     if kind != "shapes":
@@ -140,7 +141,6 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
     listing every place looked.
     """
-    from yolo_cb.paths import find_dataset_cfg
 
     yaml_file = find_dataset_cfg(str(data)).resolve()
     cfg, names = _read_dataset_yaml(yaml_file)
@@ -211,7 +211,6 @@ def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tupl
 
 def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
     """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
-    from yolo_cb.data.download import download_dataset, is_url
 
     for url in urls:
         if not is_url(url):
