@@ -110,7 +110,7 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
         obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
         if obj is not None:  # lr_scheduler=none: no callback owns the LR
             callbacks.add_callbacks(obj, origin="default", name=name)
-    for name, spec in INTEGRATIONS.items():
+    for name, spec in sorted(INTEGRATIONS.items()):  # by name: the order never depends on which module imported first
         if not spec.enabled(args):
             continue
         missing = [hint for module, hint in spec.requires.items() if not importable(module)]

@@ -243,7 +243,7 @@ class EpochState:
         self.saved = copy.deepcopy(trainer.callbacks.state_dict()) if trainer.is_main and trainer.args.save else None
 
     def on_fit_epoch_end(self, trainer):
-        if self.saved is None or trainer.stepped:
+        if self.saved is None:
             return
         if not same_state(trainer.callbacks.state_dict(), self.saved):
             save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
