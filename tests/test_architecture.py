@@ -15,14 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # placed by the longest name here that is it or a package holding it; the package root `yolo_cb` names itself only.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),  # small and boring, no other yolo_cb
-    ("yolo_cb.callbacks.events", "yolo_cb.callbacks.signature"),  # the event names; what a callback must accept
+    ("yolo_cb.callbacks.events", "yolo_cb.callbacks.order", "yolo_cb.callbacks.event_list", "yolo_cb.callbacks.signature"),  # event names; order; list view; what a callback must accept
     ("yolo_cb.callbacks.engine",),  # the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.config"),  # the settings: parsed, typed, checked
     ("yolo_cb.engine", "yolo_cb.weights"),  # trainer, validator, predictor, exporter, checkpoints, official weights
-    ("yolo_cb.callbacks.builtin", "yolo_cb.callbacks.lr_schedule", "yolo_cb.callbacks.assemble", "yolo_cb.integrations"),
+    ("yolo_cb.callbacks.builtin", "yolo_cb.callbacks.lr_schedule", "yolo_cb.callbacks.record", "yolo_cb.callbacks.assemble",
+     "yolo_cb.integrations"),
     ("yolo_cb.engine.ddp",),  # launches trainers with their callbacks, one per process
     ("yolo_cb.tune",),  # studies of trainings
     ("yolo_cb.model",),  # the YOLO facade

@@ -66,3 +66,31 @@ def test_event_name_table_matches_the_hints():
                     rows[name.strip()] = ours[min(i, len(ours) - 1)]
     documented = {k: v for k, v in rows.items() if k in FOREIGN_EVENTS or k not in EVENTS}
     assert documented == {k: v for k, (v, _) in FOREIGN_EVENTS.items()}
+
+
+def section_examples(title: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", section(title), re.S)
+
+
+def test_order_examples_place_the_callbacks_as_documented():
+    import torch
+
+    from yolo_cb.callbacks.assemble import build_trainer_callbacks
+    from yolo_cb.config import get_config
+
+    model = YOLO("yolox-nano.yaml")
+    (code,) = section_examples("Order")
+    exec(compile(code, f"{DOC.name} Order example", "exec"), {"model": model, "torch": torch})  # noqa: S102 - the documented code
+    cb = build_trainer_callbacks(get_config({"mlflow": False, "tensorboard": False, "onnx_check": False}), model.callbacks)
+    assert [e.name for e in cb.entries("on_before_optimizer_step")] == ["clip", "grad_log"]
+    saving = [e.name for e in cb.entries("on_model_save")]
+    assert saving.index("notify") > saving.index("checkpoint")
+    yaml_block = re.search(r"```yaml\n(.*?)```", section("Order"), re.S).group(1)
+    assert "on_fit_epoch_end: {call: mypkg.cbs:notify, name: notify, after: checkpoint}" in yaml_block
+
+
+def test_strict_mode_example_registers_what_it_says():
+    model = YOLO("yolox-nano.yaml")
+    (code,) = section_examples("Strict mode")
+    exec(compile(code, f"{DOC.name} Strict example", "exec"), {"model": model})  # noqa: S102 - the documented code
+    assert [e.name for e in model.callbacks.entries("on_params_update")] == ["never_fires"]

@@ -23,19 +23,19 @@ def test_non_callable_is_refused():
         Callbacks().add_callback("on_train_end", 42)
 
 
-def test_order_is_groups_then_registration():
+def test_order_is_registration_unless_declared():
     cb, seen = Callbacks(), []
-    cb.add_callback("on_train_end", lambda o: seen.append("user1"))
-    cb.add_callback("on_train_end", lambda o: seen.append("default"), group="default")
-    cb.add_callback("on_train_end", lambda o: seen.append("integration"), group="integration")
+    cb.add_callback("on_train_end", lambda o: seen.append("user1"), name="user1")
+    cb.add_callback("on_train_end", lambda o: seen.append("default"), origin="default")
+    cb.add_callback("on_train_end", lambda o: seen.append("first"), before="user1")
     cb.add_callback("on_train_end", lambda o: seen.append("user2"))
     cb.run("on_train_end", None)
-    assert seen == ["default", "integration", "user1", "user2"]
+    assert seen == ["first", "user1", "default", "user2"]
 
 
 def test_set_clear_reset():
     cb, seen = Callbacks(), []
-    cb.add_callback("on_train_end", lambda o: seen.append("d"), group="default")
+    cb.add_callback("on_train_end", lambda o: seen.append("d"), origin="default")
     cb.mark_defaults()
     cb.add_callback("on_train_end", lambda o: seen.append("u"))
     cb.set_callback("on_train_start", lambda o: seen.append("s"))
@@ -72,12 +72,14 @@ def test_disable_policy_switches_the_whole_object_off(caplog):
             Integration.calls += 1
 
     cb = Callbacks()
-    cb.add_callbacks(Integration(), group="integration", on_error="disable")
+    cb.add_callbacks(Integration(), origin="integration", on_error="disable")
     cb.run("on_train_start", None)
     cb.run("on_train_start", None)
     cb.run("on_train_end", None)
     assert Integration.calls == 0
     assert sum("switched off" in r.message for r in caplog.records) == 1
+    row = next(r for r in cb.record() if r["event"] == "on_train_end")
+    assert row["name"] == "Integration" and not row["enabled"] and "server down" in row["disabled_why"] and row["calls"] == 0
 
 
 def test_warn_policy_keeps_calling():
@@ -121,13 +123,18 @@ def test_state_round_trip_and_unclaimed_warning(caplog):
     m.count = 7
     cb.add_callbacks(m)
     state = cb.state_dict()
-    assert state == {"cbpkg.Marker": {"count": 7}}
+    assert state == {"Marker": {"count": 7}}  # under its declared name (default: the class's name)
     other = Callbacks()
     fresh = Marker()
     other.add_callbacks(fresh)
     other.load_state_dict({**state, "gone.Callback": {"x": 1}})
     assert fresh.count == 7
-    assert any("gone.Callback" in r.message for r in caplog.records)
+    assert any("gone.Callback" in r.message and "no callback of this run has that name" in r.message for r in caplog.records)
+    older = Callbacks()
+    legacy = Marker()
+    older.add_callbacks(legacy)
+    older.load_state_dict({"cbpkg.Marker": {"count": 3}})  # a checkpoint from before declared names: its qualified class name
+    assert legacy.count == 3
 
 
 def test_specs_cli_and_yaml_forms_register_the_same(tmp_path):
@@ -176,9 +183,9 @@ def test_trainer_callbacks_defaults_then_integrations_then_user():
     user = Callbacks()
     user.add_callback("on_fit_epoch_end", print)
     cb = build_trainer_callbacks(args, user)
-    groups = [e.group for e in cb.entries("on_fit_epoch_end")]
-    assert groups == sorted(groups, key=["default", "integration", "user"].index)
-    assert [e.name for e in cb.entries("on_fit_epoch_end")][-2:] == ["builtins.print", "cbpkg.log_epoch"]
+    origins = [e.origin for e in cb.entries("on_fit_epoch_end") if e.name != "epoch_state"]  # epoch_state: after every other
+    assert origins == sorted(origins, key=["default", "integration", "user", "yaml"].index)
+    assert [e.name for e in cb.entries("on_fit_epoch_end")][-3:] == ["print", "log_epoch", "epoch_state"]
 
 
 def test_rank_zero_only(monkeypatch):
@@ -191,23 +198,8 @@ def test_rank_zero_only(monkeypatch):
     assert calls == [1]
 
 
-def test_default_callbacks_fire_in_their_declared_dependency_order():
-    from yolo_cb.callbacks.assemble import in_dependency_order, load_builtins
-
-    load_builtins()
-    order = in_dependency_order(("checkpoint", "progress", "early_stopping", "results_csv"))
-    assert order.index("checkpoint") > max(order.index("early_stopping"), order.index("results_csv"))
-    assert order[0] == "progress"  # no dependency: keeps its place
-
-    class A:
-        runs_after = ("test_b",)
-
-    class B:
-        runs_after = ("test_a",)
-
-    REGISTRY.update(test_a=A, test_b=B)
-    try:
-        with pytest.raises(ValueError, match="cycle"):
-            in_dependency_order(("test_a", "test_b"))
-    finally:
-        REGISTRY.pop("test_a"), REGISTRY.pop("test_b")
+def test_default_callbacks_fire_in_their_declared_order():
+    cb = build_trainer_callbacks(get_config({"mlflow": False, "tensorboard": False, "onnx_check": False}))
+    names = [e.name for e in cb.entries("on_model_save")]
+    assert names.index("checkpoint") > max(names.index("early_stopping"), names.index("results_csv"), names.index("lr_schedule"))
+    assert names[-1] == "epoch_state"

@@ -78,6 +78,11 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     written = (markers / "writes_rank0.txt").read_text()
     assert "last.pt" in written and "results.csv" in written
     assert "labels/train.yolo_cb.cache" in written and "labels/val.yolo_cb.cache" in written
+    record = json.loads((Path(tiny["project"]) / "exp" / "callbacks.json").read_text())  # rank 0 merged both ranks'
+    rows = {(r["event"], r["name"]): r for r in record["callbacks"]}
+    assert record["world_size"] == 2 and record["ranks_missing"] == []
+    assert rows[("on_train_batch_end", "stop_on_rank1")]["calls_by_rank"] == {"0": 2, "1": 2}  # the user's closure, on both ranks
+    assert rows[("on_pretrain_routine_start", "record_writes")]["calls_by_rank"] == {"0": 1, "1": 1}
 
 
 def test_torchrun_module_entry(tiny, tmp_path):

@@ -110,6 +110,8 @@ def test_run_logged_to_server(env, tiny, monkeypatch, caplog):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == [0, 1], (key, history)  # exactly one point per epoch
     assert all("(" not in k for k in run.data.metrics)
+    for phase in ("data", "forward", "backward", "optimizer", "callbacks", "val", "epoch"):  # phase timings, one point per epoch
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, f"time/{phase}_ms")) == [0, 1], phase
 
     top = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"results.csv", "args.yaml", "results.png", "train_batch0.jpg", "val_batch0_labels.jpg",

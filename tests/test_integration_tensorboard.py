@@ -27,6 +27,10 @@ def test_event_files_hold_scalars_graph_and_images(tiny):
     csv_rows = (run / "results.csv").read_text().splitlines()
     header, first = csv_rows[0].split(","), csv_rows[1].split(",")
     assert acc.Scalars("train/iou_loss")[0].value == pytest.approx(float(first[header.index("train/iou_loss")]), rel=1e-3)
+    for phase in ("data", "forward", "backward", "optimizer", "callbacks", "val", "epoch"):  # phase timings, as results.csv has them
+        key = f"time/{phase}_ms"
+        assert [e.step for e in acc.Scalars(key)] == [0, 1], key
+        assert acc.Scalars(key)[0].value == pytest.approx(float(first[header.index(key)]), rel=1e-3, abs=1e-3), key
 
     assert tags["graph"] is True
     assert "head" in str(acc.Graph())  # the traced YOLOX graph, down to its modules

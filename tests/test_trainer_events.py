@@ -61,7 +61,7 @@ def test_raising_callback_saves_last_fires_exception_and_teardown(tiny, tmp_path
     model.add_callback("on_fit_epoch_end", explode)
     model.add_callback("on_exception", lambda t: seen.append(("on_exception", type(t.exception).__name__)))
     model.add_callback("teardown", lambda t: seen.append(("teardown", None)))
-    with pytest.raises(CallbackError, match=r"test_raising_callback_saves_last_fires_exception_and_teardown.<locals>.explode' failed in event 'on_fit_epoch_end'"):
+    with pytest.raises(CallbackError, match=r"callback 'explode' \(test_trainer_events.test_raising_callback_saves_last_fires_exception_and_teardown.<locals>.explode\) failed in event 'on_fit_epoch_end'"):
         model.train(**tiny)
     assert seen == [("on_exception", "CallbackError"), ("teardown", None)]
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
@@ -77,7 +77,7 @@ def test_disable_policy_callback_does_not_stop_training(tiny, caplog):
     model.add_callback("on_train_batch_end", broken, on_error="disable")
     metrics = model.train(**tiny, verbose=True)
     assert "metrics/mAP50-95(B)" in metrics
-    table = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("callbacks (event, group"))
+    table = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("callbacks, per event in firing order"))
     assert "on_train_batch_end" in table and "disable" in table and "broken" in table
 
 
@@ -140,7 +140,7 @@ def test_stateful_callback_state_survives_resume(tiny, tmp_path):
     model.train(**{**tiny, "epochs": 4})
     assert first.count == 2
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
-    assert torch.load(last, weights_only=True)["callbacks"]["cbpkg.Marker"] == {"count": 2}
+    assert torch.load(last, weights_only=True)["callbacks"]["Marker"] == {"count": 2}  # under its declared name
     second = Marker()
     resumed = YOLO("yolox-nano.yaml")
     resumed.add_callbacks(second)
@@ -161,8 +161,10 @@ def test_cli_yaml_and_python_declarations_register_the_same(tiny, tmp_path):
 
     model = YOLO("yolox-nano.yaml").add_callback("on_fit_epoch_end", cbpkg.log_epoch).add_callbacks(cbpkg.Marker())
     from_python = build_trainer_callbacks(get_config({}), model.callbacks)
-    table = lambda c: [(e.group, e.name) for e in c.entries()]  # noqa: E731
+    table = lambda c: [(e.name, "declared" if e.origin in ("user", "yaml") else e.origin) for e in c.entries()]  # noqa: E731
     assert table(from_cli) == table(from_yaml) == table(from_python)
+    assert {e.origin for e in from_yaml.entries() if e.name == "log_epoch"} == {"yaml"}
+    assert {e.origin for e in from_python.entries() if e.name == "log_epoch"} == {"user"}
 
 
 def test_one_registration_reaches_train_val_export_and_predict(tiny, tmp_path, shapes_dir):

@@ -9,6 +9,7 @@ resume, the search-space checks, and the install hint without Optuna.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -85,6 +86,10 @@ def test_cli_tune_end_to_end(cli_tune):
         assert row["epochs"] == "1" and 0.0 <= float(row["fitness"]) <= 1.0
     # the user's callbacks (callbacks=) ran in every trial
     assert (tmp / "cbpkg.log").read_text().split() == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    for row in rows:  # and each trial's callbacks.json shows it (the failed trial's too, with its error)
+        record = json.loads((Path(row["run_dir"]) / "callbacks.json").read_text())
+        mine = next(r for r in record["callbacks"] if r["name"] == "mark_and_fail_trial_1")
+        assert (mine["origin"], mine["calls"], mine["errors"]) == ("yaml", 1, 1 if row["number"] == "1" else 0), (row["run_dir"], mine)
 
     best = yaml.safe_load((folder / "best_hyperparameters.yaml").read_text())
     complete = [r for r in rows if r["state"] == "COMPLETE"]

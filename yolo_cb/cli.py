@@ -19,7 +19,7 @@ from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune")
-SPECIAL = ("cfg", "help", "version")
+SPECIAL = ("cfg", "callbacks", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -27,6 +27,7 @@ yolo-cb: train, validate, export and run YOLOX detectors; the training loop is d
 Usage:
   yolo-cb MODE key=value ...      MODE is one of: train val predict export tune
   yolo-cb cfg                     every setting with its default and meaning
+  yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb help | version
 
 Examples:
@@ -171,9 +172,12 @@ def run(argv: list[str]) -> object:
         print_settings()
         return None
     refuse_missing_inputs(mode, overrides)
-    args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
+    args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
     from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
+    if mode == "callbacks":  # the callbacks `yolo-cb train` with these settings runs, per event in firing order
+        print(YOLO(args.model or DEFAULT_MODEL).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table())
+        return None
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}

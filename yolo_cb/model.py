@@ -21,6 +21,7 @@ from torch import nn
 from yolo_cb import paths
 from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.callbacks.engine import Callbacks
+from yolo_cb.callbacks.registry import REGISTRY
 from yolo_cb.config import Config, ConfigError, get_config
 from yolo_cb.engine import resume
 from yolo_cb.engine.backend import load_backend
@@ -84,12 +85,13 @@ class YOLO:
         return kwargs
 
     # --- callbacks ------------------------------------------------------------------------
-    def add_callback(self, event: str, fn: Callable, on_error: str = "raise") -> YOLO:
-        self.callbacks.add_callback(event, fn, on_error=on_error)
+    def add_callback(self, event: str, fn: Callable, on_error: str = "raise", *, name: str | None = None, after=None, before=None) -> YOLO:
+        """Register `fn(obj)` on `event`; `name` (default: the function's), `after` / `before` (callback names) place it."""
+        self.callbacks.add_callback(event, fn, on_error=on_error, name=name, after=after, before=before)
         return self
 
-    def add_callbacks(self, obj: Any, on_error: str = "raise") -> YOLO:
-        self.callbacks.add_callbacks(obj, on_error=on_error)
+    def add_callbacks(self, obj: Any, on_error: str = "raise", *, name: str | None = None, after=None, before=None) -> YOLO:
+        self.callbacks.add_callbacks(obj, on_error=on_error, name=name, after=after, before=before)
         return self
 
     def set_callback(self, event: str, fn: Callable, on_error: str = "raise") -> YOLO:
@@ -105,9 +107,16 @@ class YOLO:
         self.callbacks = Callbacks()
         return self
 
+    def training_callbacks(self, **kwargs) -> Callbacks:
+        """The callbacks a fresh `train(**kwargs)` runs (the defaults, the integrations its settings switch on, this
+        model's and `callbacks=`), placed: `.describe()` gives each one's name, origin, error policy and ranks per event
+        in firing order, `.table()` the same as text (`yolo-cb callbacks` prints it)."""
+        return build_trainer_callbacks(get_config({"model": self.source, **kwargs, "mode": "train"}), self.callbacks)
+
     def _engine_callbacks(self, args) -> Callbacks:
         callbacks = self.callbacks.copy()
         apply_specs(callbacks, args.callbacks)
+        callbacks.check_names(REGISTRY)
         return callbacks
 
     # --- what Ultralytics' Model exposes -----------------------------------------------------

@@ -101,7 +101,7 @@ RULES: dict[str, Setting] = {
     "iterations": _int(1, **T), "space": _k("free"), "storage": _k("free", **T), "pruner": _enum("median", "hyperband", "none"),
     "tune_keep": _int(0, **T),
     # callbacks and integrations
-    "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
+    "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
     "onnx_check": _enum(True, False, "strict", **RT), "onnx_check_tol": _k("positive", **R),
     # datasets
     "datasets_dir": _k("text", **RT), "weights_dir": _k("any", **RT),

@@ -6,6 +6,9 @@ Accepted declarations (CLI `callbacks=` comma-separated, or a YAML `callbacks:` 
   on_fit_epoch_end=mypkg.cbs:fn       an event and an import path to a function fn(obj)
   {on_fit_epoch_end: mypkg.cbs:fn}    the same, YAML style
   mypkg.cbs:MyCallback                an import path to a class (instantiated) or an object with on_* methods
+Each YAML form places the callback with `name`, `after` and `before` (callbacks/order.py):
+  {on_fit_epoch_end: {call: mypkg.cbs:fn, name: notify, after: checkpoint}}
+  {early_stop_at: {target: 0.5, after: [checkpoint]}}    (after / before / name are not passed to the class)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from yolo_cb.callbacks.builtin import DEFAULTS
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.lr_schedule import schedule_callback
+from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs, resolve_alias
 from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
@@ -26,7 +30,8 @@ from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
 __all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
-           "in_dependency_order", "load_builtins", "parse_specs"]
+           "load_builtins", "parse_specs"]
+PLACEMENT = ("name", "after", "before")  # keys of a YAML declaration that place the callback (never passed to it)
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
@@ -43,7 +48,7 @@ def build_registered(name: str, kwargs: dict | None = None) -> Any:
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:
-    """Register every declared callback in `value` on `callbacks` (user group)."""
+    """Register every declared callback in `value` on `callbacks` (origin "yaml")."""
     for item in parse_specs(value):
         if isinstance(item, dict):
             for key, arg in item.items():
@@ -58,15 +63,29 @@ def apply_specs(callbacks: Callbacks, value: Any) -> None:
             _add_object(callbacks, item, None)
 
 
+def _placement(kwargs: dict | None) -> tuple[dict, dict]:
+    """A declaration's arguments split into (name / after / before, the rest)."""
+    kwargs = dict(kwargs or {})
+    return {k: kwargs.pop(k) for k in PLACEMENT if k in kwargs}, kwargs
+
+
 def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
     if event not in EVENTS:
         raise ValueError(f"callbacks: unknown event '{event}'.{event_hint(event)}")
+    place: dict = {}
+    if isinstance(path, dict):
+        place, rest = _placement(path)
+        if set(rest) != {"call"}:
+            raise ValueError(f"callbacks: '{event}: {path}' must be {{call: module:function}} with optional name / after / before; "
+                             f"got keys {sorted(rest)}")
+        path = rest["call"]
     fn = import_object(path) if isinstance(path, str) else path
-    callbacks.add_callback(event, fn)
+    callbacks.add_callback(event, fn, origin="yaml", **place)
 
 
 def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
     load_builtins()
+    place, kwargs = _placement(kwargs)
     name, kwargs = resolve_alias(name, kwargs)  # SuperGradients' YoloXTrainingStageSwitchCallback -> stage_switch
     if name in REGISTRY:
         obj = build_registered(name, kwargs)
@@ -77,19 +96,7 @@ def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
         obj = import_object(name)
         if isinstance(obj, type):
             obj = obj(**(kwargs or {}))
-    callbacks.add_callbacks(obj, name=getattr(obj, "registry_name", None))
-
-
-def in_dependency_order(names: tuple[str, ...]) -> list[str]:
-    """Registered names ordered so that each comes after those its class names in `runs_after` (otherwise as given)."""
-    pending, ordered = list(names), []
-    while pending:
-        ready = next((n for n in pending if all(d in ordered or d not in pending for d in getattr(REGISTRY[n], "runs_after", ()))), None)
-        if ready is None:
-            raise ValueError(f"callbacks {pending} wait for each other (runs_after forms a cycle)")
-        ordered.append(ready)
-        pending.remove(ready)
-    return ordered
+    callbacks.add_callbacks(obj, name=place.pop("name", None) or getattr(obj, "registry_name", None), origin="yaml", **place)
 
 
 def importable(module: str) -> bool:
@@ -106,12 +113,13 @@ def _asked_for(name: str, args: Any) -> bool:
 
 def add_integration_callbacks(instance: Any, args: Any = None) -> None:
     """Ultralytics' add_integration_callbacks(trainer): register the integrations `args` (default: instance.args) switch on
-    onto instance.callbacks (or onto `instance`, a Callbacks), each once. A missing package warns for an integration on by
-    default and is an error for one the settings turned on (wandb=True)."""
+    onto instance.callbacks (or onto `instance`, a Callbacks), each once, in name order (never the order modules were
+    imported in). A missing package warns for an integration on by default and is an error for one the settings turned
+    on (wandb=True)."""
     callbacks = instance if isinstance(instance, Callbacks) else instance.callbacks
     args = args if args is not None else instance.args
     present = {getattr(e.owner, "registry_name", None) for e in callbacks.entries()}
-    for name, spec in INTEGRATIONS.items():
+    for name, spec in sorted(INTEGRATIONS.items()):
         if not spec.enabled(args) or name in present:
             continue
         missing = [hint for module, hint in spec.requires.items() if not importable(module)]
@@ -120,7 +128,7 @@ def add_integration_callbacks(instance: Any, args: Any = None) -> None:
         if missing:
             LOGGER.warning(f"WARNING integration '{name}' is off: it needs {', '.join(spec.requires)} ({'; '.join(missing)})")
             continue
-        callbacks.add_callbacks(build_registered(name, {}), group="integration", on_error=spec.policy(args), name=name)
+        callbacks.add_callbacks(build_registered(name, {}), origin="integration", on_error=spec.policy(args), name=name)
 
 
 def get_default_callbacks(args: Any = None) -> Callbacks:
@@ -129,19 +137,23 @@ def get_default_callbacks(args: Any = None) -> Callbacks:
     load_builtins()
     args = args if args is not None else get_config({"mode": "train"})
     callbacks = Callbacks()
-    for name in in_dependency_order(DEFAULTS):
+    for name in DEFAULTS:
         obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
         if obj is not None:  # lr_scheduler=none: no callback owns the LR
-            callbacks.add_callbacks(obj, group="default", name=name)
+            callbacks.add_callbacks(obj, origin="default", name=name)
     return callbacks
 
 
 def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbacks:
-    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`)."""
+    """Defaults, then enabled integrations ('disable' on error), then the user's (Python, then `callbacks=`), in that
+    registration order, each placed by its name / after / before."""
     callbacks = get_default_callbacks(args)
     add_integration_callbacks(callbacks, args)
     callbacks.mark_defaults()
     if user is not None:
         callbacks.extend(user)
     apply_specs(callbacks, getattr(args, "callbacks", None))
+    callbacks.check_names(REGISTRY)
+    if getattr(args, "strict_callbacks", False):
+        warn_foreign_events(callbacks)
     return callbacks

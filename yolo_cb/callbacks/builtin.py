@@ -5,11 +5,14 @@ Each is a registered callback object; the training loop itself only fires events
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.engine.checkpoint import save_checkpoint, serialize_checkpoint
@@ -23,7 +26,7 @@ from yolo_cb.utils.results_plot import plot_results
 class Progress:
     """A tqdm bar per epoch on a terminal; one plain line per epoch otherwise. Main process only."""
 
-    rank_zero_only = True
+    rank_zero_only = True  # acts on rank 0 only (describe() says so; each method checks trainer.is_main)
 
     def __init__(self, stream=None):
         self.stream = stream
@@ -83,6 +86,8 @@ class ResultsCSV:
     results.csv from the checkpoint's rows.
     """
 
+    rank_zero_only = True
+
     def __init__(self):
         self.rows: list[dict[str, str]] = []
 
@@ -139,8 +144,9 @@ class Checkpoint:
     every save_period and after each epoch of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt
     before the first epoch (save_initial)."""
 
-    # their on_model_save updates the state (the epoch's results row, the best fitness) that the checkpoint stores
-    runs_after = ("results_csv", "early_stopping")
+    # their on_model_save updates what the checkpoint stores: the next epoch's LR, the epoch's results row, the best fitness
+    after = ("lr_schedule", "results_csv", "early_stopping")
+    rank_zero_only = True
 
     def __init__(self):
         self.topk: list[tuple[float, int]] = []  # (monitored value, epoch) of the kept top-k files
@@ -221,5 +227,39 @@ class EarlyStopping:
         self.best_fitness, self.best_epoch = state.get("best_fitness"), int(state.get("best_epoch", 0))
 
 
-# the default callbacks; their firing order comes from each one's `runs_after` (see assemble.in_dependency_order)
-DEFAULTS = ("lr_schedule", "progress", "results_csv", "early_stopping", "checkpoint")
+@register_callback("epoch_state")
+class EpochState:
+    """last.pt holds the callbacks' state as of the end of the epoch: a callback that updates its state in
+    on_fit_epoch_end (after the checkpoint was written in on_model_save) has last.pt rewritten with it, so a resume
+    does not lose that epoch's update. Runs after every other callback of its events."""
+
+    after = ("*",)
+    rank_zero_only = True
+
+    def __init__(self):
+        self.saved: dict | None = None  # the callbacks' state as the checkpoint callback stored it this epoch
+
+    def on_model_save(self, trainer):
+        self.saved = copy.deepcopy(trainer.callbacks.state_dict()) if trainer.is_main and trainer.args.save else None
+
+    def on_fit_epoch_end(self, trainer):
+        if self.saved is None:
+            return
+        if not same_state(trainer.callbacks.state_dict(), self.saved):
+            save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
+        self.saved = None
+
+
+def same_state(a, b) -> bool:
+    """Equality of two state dicts that may hold tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+# the default callbacks, registered in this order; their own `after` / `before` say what else must hold
+DEFAULTS = ("lr_schedule", "progress", "results_csv", "early_stopping", "checkpoint", "epoch_state", "callback_record")

@@ -1,42 +1,39 @@
-"""Callbacks: the string-keyed event dispatcher held by every trainer, validator, predictor and exporter."""
+"""Callbacks: the string-keyed event dispatcher held by every trainer, validator, predictor and exporter.
+
+Order comes from one rule (callbacks/order.py): each callback's name, `after=` and `before=`, registration order
+between free ones. Every call is counted and timed per callback and event: `record()` is what callbacks.json holds.
+"""
 
 from __future__ import annotations
 
 import time
-import types
-from collections import defaultdict
-from collections.abc import Callable, Iterator, MutableSequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from yolo_cb.callbacks.event_list import EventCallbacks
 from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS, event_hint
+from yolo_cb.callbacks.order import EVERY, ORIGINS, Entry, callback_name, names_of, resolve, short_name
 from yolo_cb.callbacks.signature import REGISTER_HOOK, check_signature, run_on_register
+from yolo_cb.errors import ConfigError
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.suggest import did_you_mean
+
+__all__ = ["NEVER_RAISE", "ON_ERROR", "CallbackError", "Callbacks", "Entry", "EventCallbacks", "callback_name", "check_event",
+           "event_methods", "rank_zero_only"]
 
 ON_ERROR = ("raise", "warn", "disable")
 # Events fired while an error is already propagating: a callback failing there is logged, the others still run,
 # and the original error is the one raised (it would otherwise be replaced by the callback's).
 NEVER_RAISE = ("on_exception",)
-# Registration groups, run in this order for one event: built-in defaults, integrations, the user's.
-GROUPS = ("default", "integration", "user")
 
 
 class CallbackError(RuntimeError):
     """A callback raised; the message names the callback and the event, the cause is chained."""
 
-    def __init__(self, callback_name: str, event: str, error: BaseException):
+    def __init__(self, callback_name: str, event: str, error: BaseException, where: str = ""):
         self.callback_name, self.event, self.error = callback_name, event, error
-        super().__init__(f"callback '{callback_name}' failed in event '{event}': {type(error).__name__}: {error}")
-
-
-def callback_name(fn: Any) -> str:
-    """A readable qualified name for a function, bound method, lambda or callable object."""
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and hasattr(fn, "__name__") and not isinstance(owner, types.ModuleType):
-        return f"{type(owner).__module__}.{type(owner).__qualname__}.{fn.__name__}"
-    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"{module}.{qualname}"
+        place = f" ({where})" if where and where != callback_name else ""
+        super().__init__(f"callback '{callback_name}'{place} failed in event '{event}': {type(error).__name__}: {error}")
 
 
 def check_event(event: str) -> str:
@@ -45,56 +42,89 @@ def check_event(event: str) -> str:
     return event
 
 
-@dataclass
-class Entry:
-    """One registered callback: the function, its group, error policy and timing."""
+def check_registration(event: str, fn: Any, on_error: str, origin: str) -> None:
+    """What every registration must satisfy (one place to extend: signatures, on_register)."""
+    check_event(event)
+    if not callable(fn):
+        raise TypeError(f"callback for '{event}' must be callable, got {type(fn).__name__}: {fn!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got '{on_error}'")
+    if origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {ORIGINS}, got '{origin}'")
 
-    fn: Callable
-    name: str
-    group: str = "user"
-    on_error: str = "raise"
-    owner: Any = None          # the object the method came from (for state_dict), if any
-    enabled: bool = True
-    calls: int = 0
-    seconds: float = 0.0
-    errors: list = field(default_factory=list)
+
+def declared(obj: Any, attr: str) -> tuple[str, ...]:
+    """A callback class's own `after` / `before` declaration (a name or a tuple of names; a method is no declaration)."""
+    value = getattr(obj, attr, None)
+    return names_of(value) if isinstance(value, (str, tuple, list)) else ()
 
 
 class Callbacks:
-    """Event name -> ordered callbacks, with error policy, timing and state for checkpoints."""
+    """Event name -> ordered callbacks, with error policy, the record of calls and timing, and state for checkpoints."""
 
     def __init__(self):
-        self._entries: dict[str, list[Entry]] = defaultdict(list)
+        self._entries: dict[str, list[Entry]] = {}  # event -> entries in firing order
+        self._run: dict[str, tuple[Entry, ...]] = {}  # event -> the same, as dispatched (rebuilt on every change)
         self._defaults: list[tuple[str, Entry]] = []
+        self._seq = 0
 
     # --- registration -------------------------------------------------------------------
-    def add_callback(self, event: str, fn: Callable, *, on_error: str = "raise", group: str = "user", name: str | None = None, owner: Any = None) -> Entry:
-        """Append `fn(obj)` to `event` (after the defaults and integrations already there)."""
-        check_event(event)
-        if not callable(fn):
-            raise TypeError(f"callback for '{event}' must be callable, got {type(fn).__name__}: {fn!r}")
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got '{on_error}'")
-        if group not in GROUPS:
-            raise ValueError(f"group must be one of {GROUPS}, got '{group}'")
-        entry = Entry(fn=fn, name=name or callback_name(fn), group=group, on_error=on_error, owner=owner)
+    def add_callback(self, event: str, fn: Callable, *, on_error: str = "raise", name: str | None = None,
+                     after: str | Iterable[str] | None = None, before: str | Iterable[str] | None = None,
+                     origin: str = "user", owner: Any = None) -> Entry:
+        """Register `fn(obj)` on `event`, placed after the callbacks named in `after` and before those in `before`
+        (registration order otherwise)."""
+        check_registration(event, fn, on_error, origin)
+        identity = owner if owner is not None else fn
+        self._seq += 1
+        entry = Entry(fn=fn, name=self._unique_name(name or short_name(fn), identity), where=callback_name(fn), origin=origin,
+                      on_error=on_error, owner=owner, after=names_of(after), before=names_of(before), seq=self._seq,
+                      rank_zero=bool(getattr(fn, "rank_zero_only", False) or getattr(owner, "rank_zero_only", False)))
         check_signature(event, fn, entry.name)  # Lightning's (trainer, pl_module) fails here, not at its first call
-        entries = self._entries[event]
-        # keep groups in order: insert after the last entry of the same or an earlier group
-        rank = GROUPS.index(group)
-        position = len(entries)
-        while position > 0 and GROUPS.index(entries[position - 1].group) > rank:
-            position -= 1
-        entries.insert(position, entry)
+        self._place(event, entry)
         return entry
 
-    def add_callbacks(self, obj: Any, *, on_error: str = "raise", group: str = "user", name: str | None = None) -> list[Entry]:
-        """Register every `on_*`/event-named method of `obj`; an `on_*` method naming no event is an error."""
+    def add_callbacks(self, obj: Any, *, on_error: str = "raise", name: str | None = None, after: str | Iterable[str] | None = None,
+                      before: str | Iterable[str] | None = None, origin: str = "user") -> list[Entry]:
+        """Register every `on_*`/event-named method of `obj` under one name (default: its registry name, else its class's
+        name) and place; the class's own `after` / `before` attributes count too. An `on_*` naming no event is an error."""
         methods = event_methods(obj)
-        base = name or f"{type(obj).__module__}.{type(obj).__qualname__}"
-        entries = [self.add_callback(event, fn, on_error=on_error, group=group, name=f"{base}.{event}", owner=obj) for event, fn in methods.items()]
+        base = name or getattr(obj, "registry_name", None) or type(obj).__name__
+        after, before = declared(obj, "after") + names_of(after), declared(obj, "before") + names_of(before)
+        entries = [self.add_callback(event, fn, on_error=on_error, name=base, after=after, before=before, origin=origin, owner=obj)
+                   for event, fn in methods.items()]
         run_on_register(obj, self)  # wall_e's on_register(self, callbacks): once, when added
         return entries
+
+    def _unique_name(self, name: str, identity: Any) -> str:
+        """`name`, or `name#2`, ... when another callback (another object or function) already has it."""
+        taken = {e.name for e in self.entries() if e.identity is not identity}
+        candidate, n = name, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{name}#{n}"
+        return candidate
+
+    def _place(self, event: str, entry: Entry) -> None:
+        self._set(event, [*self._entries.get(event, []), entry])
+
+    def _set(self, event: str, entries: list[Entry]) -> None:
+        """Store `event`'s entries in their resolved order (a cycle raises and leaves the event as it was)."""
+        ordered = resolve(event, entries)
+        self._entries[event] = ordered
+        self._run[event] = tuple(e for e in ordered if e.enabled)
+
+    def check_names(self, elsewhere: Iterable[str] = ()) -> None:
+        """Every name in an after= / before= is a callback of this set, or in `elsewhere` (the registered names: a built-in
+        this run leaves out, e.g. lr_schedule with lr_scheduler=none, is no error)."""
+        here = {e.name for e in self.entries()}
+        for event, entries in self._entries.items():
+            for e in entries:
+                for other in (*e.after, *e.before):
+                    if other not in here and other not in elsewhere and other != EVERY:
+                        side = "after" if other in e.after else "before"
+                        raise ConfigError(f"callback '{e.name}' ({event}) is declared {side}='{other}', but no callback has that "
+                                          f"name.{did_you_mean(other, here)} Callbacks of this run: {', '.join(sorted(here))}")
 
     def set_callback(self, event: str, fn: Callable, **kwargs) -> Entry:
         """Replace every callback of `event` with `fn`."""
@@ -102,16 +132,28 @@ class Callbacks:
         return self.add_callback(event, fn, **kwargs)
 
     def clear_callback(self, event: str) -> None:
-        self._entries[check_event(event)] = []
+        self._set(check_event(event), [])
 
     def remove(self, name: str) -> int:
-        """Remove every entry registered under `name` (a registry name); returns how many."""
+        """Remove every entry registered under `name`; returns how many."""
         removed = 0
-        for event, entries in self._entries.items():
-            keep = [e for e in entries if getattr(e.owner, "registry_name", None) != name and not e.name.startswith(f"{name}.")]
+        for event, entries in list(self._entries.items()):
+            keep = [e for e in entries if e.name != name and getattr(e.owner, "registry_name", None) != name]
             removed += len(entries) - len(keep)
-            self._entries[event] = keep
-        return removed
+            self._set(event, keep)
+        return removed  # declarations naming it stay: a declared built-in replaces it under the same name
+
+    def remove_entry(self, event: str, entry: Entry) -> None:
+        self._set(event, [e for e in self._entries.get(event, []) if e is not entry])
+        self._forget({entry.name})
+
+    def _forget(self, names: set[str]) -> None:
+        """Drop after= / before= references to callbacks that were removed (a place relative to nothing is no place)."""
+        gone = names - {e.name for e in self.entries()}
+        if not gone:
+            return
+        for e in self.entries():
+            e.after, e.before = tuple(n for n in e.after if n not in gone), tuple(n for n in e.before if n not in gone)
 
     def mark_defaults(self) -> None:
         """Remember the current registrations as the defaults that reset_callbacks() returns to."""
@@ -119,15 +161,16 @@ class Callbacks:
 
     def reset_callbacks(self) -> None:
         """Back to the defaults (drops integrations and user callbacks added since mark_defaults)."""
-        self._entries = defaultdict(list)
+        by_event: dict[str, list[Entry]] = {}
         for event, entry in self._defaults:
-            self._entries[event].append(entry)
+            by_event.setdefault(event, []).append(entry)
+        for event in list(self._entries):
+            self._set(event, by_event.get(event, []))
 
     def extend(self, other: Callbacks) -> None:
-        """Add every entry of `other` (keeping its group and policy) after ours of the same group."""
-        for event, entries in other._entries.items():
-            for e in entries:
-                self.add_callback(event, e.fn, on_error=e.on_error, group=e.group, name=e.name, owner=e.owner)
+        """Add every entry of `other` (its name, place, origin and policy), in its registration order, after ours."""
+        for event, e in sorted(((ev, e) for ev, es in other._entries.items() for e in es), key=lambda item: item[1].seq):
+            self.add_callback(event, e.fn, on_error=e.on_error, name=e.name, after=e.after, before=e.before, origin=e.origin, owner=e.owner)
 
     def copy(self) -> Callbacks:
         new = Callbacks()
@@ -136,45 +179,50 @@ class Callbacks:
 
     # --- dispatch -----------------------------------------------------------------------
     def run(self, event: str, obj: Any) -> None:
-        """Call every enabled callback of `event` with `obj`, applying each one's error policy."""
-        entries = self._entries.get(event)
+        """Call every enabled callback of `event` with `obj`, applying each one's error policy; count and time each."""
+        entries = self._run.get(event)
         if not entries:
             if event not in EVENTS:
                 check_event(event)
             return
-        for entry in list(entries):  # callbacks added or removed while this event runs take effect from its next firing
-            if not entry.enabled:
-                continue
-            start = time.perf_counter()
+        clock = time.perf_counter
+        for entry in entries:  # a snapshot of the enabled ones: changes made while this event runs apply from its next firing
+            start = clock()
             try:
                 entry.fn(obj)
             except Exception as error:
-                if event in NEVER_RAISE and entry.on_error == "raise":
-                    entry.errors.append(f"{event}: {type(error).__name__}: {error}")
-                    LOGGER.error(f"ERROR callback '{entry.name}' failed in '{event}' ({type(error).__name__}: {error}); "
-                                 f"the error being handled is kept and re-raised")
-                else:
-                    self._handle_error(entry, event, error)
-            finally:
                 entry.calls += 1
-                entry.seconds += time.perf_counter() - start
+                entry.seconds += clock() - start
+                self._handle_error(entry, event, error)
+                continue
+            spent = clock() - start
+            entry.calls += 1
+            entry.seconds += spent
+            if spent > entry.max_seconds:
+                entry.max_seconds = spent
 
     def _handle_error(self, entry: Entry, event: str, error: Exception) -> None:
+        message = f"{type(error).__name__}: {error}"
+        entry.errors.append(f"{event}: {message}")
+        if event in NEVER_RAISE and entry.on_error == "raise":
+            LOGGER.error(f"ERROR callback '{entry.name}' failed in '{event}' ({message}); the error being handled is kept and re-raised")
+            return
         if entry.on_error == "raise":
-            raise CallbackError(entry.name, event, error) from error
-        entry.errors.append(f"{event}: {type(error).__name__}: {error}")
+            raise CallbackError(entry.name, event, error, entry.where) from error
         if entry.on_error == "disable":
-            self.disable(entry)
-            LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({type(error).__name__}: {error}); it is switched off, training goes on")
+            self.disable(entry, f"failed in {event}: {message}")
+            LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({message}); it is switched off, training goes on")
         elif len(entry.errors) == 1:
-            LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({type(error).__name__}: {error}); continuing (further failures are counted)")
+            LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({message}); continuing (further failures are counted)")
 
-    def disable(self, entry: Entry) -> None:
-        """Switch off `entry` and every other entry of the same owner object (one integration)."""
-        for entries in self._entries.values():
-            for e in entries:
-                if e is entry or (entry.owner is not None and e.owner is entry.owner):
-                    e.enabled = False
+    def disable(self, entry: Entry, why: str = "disabled") -> None:
+        """Switch off `entry` and every other entry of the same owner object (one integration), saying why."""
+        for event, entries in self._entries.items():
+            if any(e is entry or (entry.owner is not None and e.owner is entry.owner) for e in entries):
+                for e in entries:
+                    if e is entry or (entry.owner is not None and e.owner is entry.owner):
+                        e.enabled, e.disabled_why = False, e.disabled_why or why
+                self._run[event] = tuple(e for e in entries if e.enabled)
 
     # --- introspection ------------------------------------------------------------------
     def get(self, event: str, default: Any = None) -> EventCallbacks:
@@ -189,7 +237,35 @@ class Callbacks:
     def entries(self, event: str | None = None) -> list[Entry]:
         if event is not None:
             return list(self._entries.get(check_event(event), []))
-        return [e for entries in self._entries.values() for e in entries]
+        return [e for event in EVENTS for e in self._entries.get(event, [])]
+
+    def describe(self) -> list[dict[str, str]]:
+        """Per event, in firing order: each callback's name, origin, error policy, ranks, and where it is defined."""
+        return [{"event": event, "name": e.name, "origin": e.origin, "on_error": e.on_error,
+                 "rank": "rank 0" if e.rank_zero else "all ranks", "where": e.where}
+                for event in EVENTS for e in self._entries.get(event, [])]
+
+    def table(self) -> str:
+        """describe() as text: one line per callback, the event named on its first."""
+        lines, last = [f"{'event':<28} {'callback':<22} {'origin':<12} {'on_error':<9} rank"], None
+        for row in self.describe():
+            shown = row["event"] if row["event"] != last else ""
+            last = row["event"]
+            lines.append(f"{shown:<28} {row['name']:<22} {row['origin']:<12} {row['on_error']:<9} {row['rank']}")
+        return "\n".join(lines)
+
+    def record(self) -> list[dict]:
+        """What ran: per callback and event, calls, total / mean / max seconds, errors, whether it is off and why."""
+        return [{"event": event, "name": e.name, "origin": e.origin, "where": e.where, "rank": "rank 0" if e.rank_zero else "all ranks",
+                 "calls": e.calls, "total_s": e.seconds, "mean_s": e.seconds / e.calls if e.calls else 0.0, "max_s": e.max_seconds,
+                 "errors": len(e.errors), "first_errors": e.errors[:3], "enabled": e.enabled, "disabled_why": e.disabled_why}
+                for event in EVENTS for e in self._entries.get(event, [])]
+
+    def stats(self) -> list[dict]:
+        """Per-callback timing, slowest total first."""
+        rows = [{"event": r["event"], "callback": r["name"], "calls": r["calls"], "total_s": r["total_s"],
+                 "per_call_ms": 1000 * r["mean_s"], "enabled": r["enabled"]} for r in self.record()]
+        return sorted(rows, key=lambda r: r["total_s"], reverse=True)
 
     # --- the dict-of-lists view Ultralytics code uses: callbacks[event] is a live list -------------
     def __getitem__(self, event: str) -> EventCallbacks:
@@ -228,30 +304,13 @@ class Callbacks:
     def items(self) -> list[tuple[str, EventCallbacks]]:
         return [(event, self[event]) for event in EVENTS]
 
-    def table(self) -> str:
-        """The resolved event -> callbacks table, in firing order."""
-        lines = []
-        for event in EVENTS:
-            for i, e in enumerate(self._entries.get(event, [])):
-                lines.append(f"{event if i == 0 else '':<28} {e.group:<12} {e.on_error:<8} {e.name}")
-        return "\n".join(lines)
-
-    def stats(self) -> list[dict]:
-        """Per-callback timing, slowest total first."""
-        rows = [{"event": event, "callback": e.name, "calls": e.calls, "total_s": e.seconds,
-                 "per_call_ms": 1000 * e.seconds / e.calls if e.calls else 0.0, "enabled": e.enabled}
-                for event, entries in self._entries.items() for e in entries]
-        return sorted(rows, key=lambda r: r["total_s"], reverse=True)
-
-    # --- state for checkpoints ----------------------------------------------------------
+    # --- state for checkpoints, under each callback's declared name ----------------------
     def stateful(self) -> dict[str, Any]:
-        """Stable key -> owner object, for every registered object with state_dict()/load_state_dict()."""
+        """Declared name -> owner object, for every registered object with state_dict()/load_state_dict()."""
         found: dict[str, Any] = {}
         for e in self.entries():
-            owner = e.owner
-            if owner is not None and hasattr(owner, "state_dict") and hasattr(owner, "load_state_dict"):
-                key = getattr(owner, "registry_name", None) or f"{type(owner).__module__}.{type(owner).__qualname__}"
-                found.setdefault(key, owner)
+            if e.owner is not None and hasattr(e.owner, "state_dict") and hasattr(e.owner, "load_state_dict"):
+                found.setdefault(e.name, e.owner)
         return found
 
     def state_dict(self) -> dict[str, Any]:
@@ -259,63 +318,15 @@ class Callbacks:
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         owners = self.stateful()
+        legacy = {f"{type(o).__module__}.{type(o).__qualname__}": o for o in owners.values()}  # keys of checkpoints before names
         for key, state in (states or {}).items():
-            if key in owners:
-                owners[key].load_state_dict(state)
+            owner = owners.get(key) or legacy.get(key)
+            if owner is not None:
+                owner.load_state_dict(state)
             else:
-                LOGGER.warning(f"WARNING checkpoint holds state for callback '{key}' but no registered callback claims it; ignored")
-
-
-class EventCallbacks(MutableSequence):
-    """The callbacks of one event as a list of functions, live on its registry (`callbacks[event]`).
-
-    Appending, extending, inserting or assigning registers `fn` as a user callback (error policy "raise"); removing or
-    deleting unregisters it. Reading gives the functions in firing order (defaults, integrations, the user's)."""
-
-    def __init__(self, registry: Callbacks, event: str):
-        self.registry, self.event = registry, event
-
-    @property
-    def _entries(self) -> list[Entry]:
-        return self.registry._entries[self.event]
-
-    def _entry(self, fn: Callable) -> Entry:
-        if not callable(fn):
-            raise TypeError(f"callback for '{self.event}' must be callable, got {type(fn).__name__}: {fn!r}")
-        check_signature(self.event, fn, callback_name(fn))
-        return Entry(fn=fn, name=callback_name(fn))
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [e.fn for e in self._entries[index]]
-        return self._entries[index].fn
-
-    def __setitem__(self, index, fn) -> None:
-        if isinstance(index, slice):
-            self._entries[index] = [self._entry(f) for f in fn]
-        else:
-            self._entries[index] = self._entry(fn)
-
-    def __delitem__(self, index) -> None:
-        del self._entries[index]
-
-    def insert(self, index: int, fn: Callable) -> None:
-        self._entries.insert(index, self._entry(fn))
-
-    def append(self, fn: Callable) -> None:
-        self.registry.add_callback(self.event, fn)
-
-    def __contains__(self, fn: object) -> bool:
-        return any(e.fn is fn or e.fn == fn for e in self._entries)
-
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, tuple, EventCallbacks)) else NotImplemented
-
-    def __repr__(self) -> str:
-        return repr(list(self))
+                LOGGER.warning(f"WARNING the checkpoint holds state for callback '{key}', but no callback of this run has that name "
+                               f"(renamed or not registered?{did_you_mean(key, owners)} Register it with name='{key}' to restore it); "
+                               f"the state is not used")
 
 
 def event_methods(obj: Any) -> dict[str, Callable]:

@@ -169,6 +169,7 @@ INTEGRATIONS_PACKAGE = "yolo_cb.integrations"
 def load_builtins() -> None:
     """Import the built-in callbacks and every integration module, which registers them (idempotent)."""
     importlib.import_module("yolo_cb.callbacks.builtin")
+    importlib.import_module("yolo_cb.callbacks.record")
     importlib.import_module("yolo_cb.callbacks.lr_schedule")
     package = importlib.import_module(INTEGRATIONS_PACKAGE)
     for module in pkgutil.iter_modules(package.__path__):

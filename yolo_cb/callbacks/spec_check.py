@@ -12,6 +12,20 @@ from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.utils.suggest import did_you_mean
 
 CALLBACK_FORMS = "NAME (registered), EVENT=module:function, or module:Class"
+PLACEMENT = ("name", "after", "before")  # keys that place a declared callback (callbacks/order.py), never passed to it
+
+
+def _placement(item: Any, arg: Any, bad) -> Any:
+    """`arg` without its name / after / before (each checked: a name is a string, after / before names or lists of names)."""
+    if not isinstance(arg, dict):
+        return arg
+    for key in PLACEMENT:
+        value = arg.get(key)
+        names = [value] if isinstance(value, str) else value
+        if key in arg and not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)) or \
+                (key == "name" and key in arg and not isinstance(value, str)):
+            raise bad(item, f"'{key}' must be a callback name{'' if key == 'name' else ' or a list of names'}, got {short_repr(value)}")
+    return {k: v for k, v in arg.items() if k not in PLACEMENT}
 
 
 def check_callbacks(value: Any) -> None:
@@ -38,9 +52,14 @@ def check_callbacks(value: Any) -> None:
         for key, arg, is_event in pairs:
             if not isinstance(key, str) or not key:
                 raise bad(item, "no event or callback name before '='" if is_event else "an empty name")
+            arg = _placement(item, arg, bad)
             if is_event:
                 if key not in EVENTS:
                     raise bad(item, f"unknown event '{key}'.{event_hint(key)}")
+                if isinstance(arg, dict):
+                    if set(arg) != {"call"}:
+                        raise bad(item, f"'{key}: {{...}}' takes call: module:function (and name / after / before), got keys {sorted(arg)}")
+                    arg = arg["call"]
                 if isinstance(arg, str):
                     if not arg:
                         raise bad(item, f"no function after '{key}='; write {key}=module:function")

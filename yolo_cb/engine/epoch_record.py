@@ -19,24 +19,25 @@ class EpochRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # the latest validated metrics (val losses, fitness included)
     lr: dict[str, float] = field(default_factory=dict)  # lr/pg<i> of each parameter group at the epoch's end
     validated: bool = False  # the metrics are this epoch's (val_period / val=False skip some epochs)
+    times: dict[str, float] = field(default_factory=dict)  # time/<phase>_ms of the epoch up to this record, and time/epoch_ms
 
     @classmethod
     def of(cls, trainer) -> EpochRecord:
         """The record of the epoch the trainer just trained and validated."""
         return cls(epoch=trainer.epoch + 1, time=round(trainer.elapsed, 3), train=trainer.label_loss_items(trainer.tloss, prefix="train"),
-                   metrics=dict(trainer.metrics), lr=dict(trainer.lr), validated=bool(trainer.validated_this_epoch))
+                   metrics=dict(trainer.metrics), lr=dict(trainer.lr), validated=bool(trainer.validated_this_epoch), times=trainer.clock.phase_ms())
 
     @property
     def fitness(self) -> float | None:
         return self.metrics.get("fitness")
 
     def row(self) -> dict[str, float | int]:
-        """results.csv's row: epoch, time, train losses, metrics (the latest, validated this epoch or not), lrs."""
-        return {"epoch": self.epoch, "time": self.time, **self.train, **self.metrics, **self.lr}
+        """results.csv's row: epoch, time, train losses, metrics (the latest, validated this epoch or not), lrs, phase times."""
+        return {"epoch": self.epoch, "time": self.time, **self.train, **self.metrics, **self.lr, **self.times}
 
     def scalars(self) -> dict[str, float]:
-        """What the trackers log per epoch: train losses, lrs and, for an epoch that validated, the metrics."""
-        return {**self.train, **self.lr, **(self.metrics if self.validated else {})}
+        """What the trackers log per epoch: train losses, lrs, phase times and, for an epoch that validated, the metrics."""
+        return {**self.train, **self.lr, **self.times, **(self.metrics if self.validated else {})}
 
 
 @dataclass

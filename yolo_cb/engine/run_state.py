@@ -103,13 +103,33 @@ def delegate(holder: str, name: str, doc: str = "") -> property:
     return property(get, put, doc=doc or f"trainer.{holder}.{name}")
 
 
+# Where an epoch's time goes, each a column of results.csv and a scalar of every logger (time/<phase>_ms). Host time:
+# on a GPU, kernels run asynchronously and are counted where the host waits for them (the loss's copy to the CPU).
+PHASES = ("data", "forward", "backward", "optimizer", "callbacks", "val")
+
+
 class Clock:
-    """The run's wall-clock time, and each epoch's: from on_train_epoch_start to on_fit_epoch_end (validation, saving included)."""
+    """The run's wall-clock time, each epoch's (on_train_epoch_start to on_fit_epoch_end, validation and saving
+    included), and the epoch's phases (PHASES: seconds spent in each since the epoch began)."""
 
     def __init__(self):
         self.start = time.time()
         self.epoch_time: float | None = None  # seconds the last epoch took (set before on_fit_epoch_end)
         self.epoch_time_start: float | None = None
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.epoch_start = time.perf_counter()  # when the current epoch's phases began
+        self.mark = self.epoch_start  # the end of the last timed span (the data wait runs from here to the next batch)
+
+    def spent(self, phase: str, since: float) -> float:
+        """Add the time from `since` to now to `phase`; returns now."""
+        now = time.perf_counter()
+        self.phases[phase] += now - since
+        return now
+
+    def phase_ms(self) -> dict[str, float]:
+        """time/<phase>_ms of the current epoch so far, and time/epoch_ms: its wall time so far."""
+        ms = {f"time/{name}_ms": round(1000 * seconds, 3) for name, seconds in self.phases.items()}
+        return {**ms, "time/epoch_ms": round(1000 * (time.perf_counter() - self.epoch_start), 3)}
 
     @property
     def elapsed(self) -> float:
@@ -118,5 +138,7 @@ class Clock:
     def on_event(self, event: str) -> None:
         if event == "on_train_epoch_start":
             self.epoch_time_start = time.time()
+            self.phases = dict.fromkeys(PHASES, 0.0)
+            self.epoch_start = time.perf_counter()
         elif event == "on_fit_epoch_end" and self.epoch_time_start is not None:
             self.epoch_time = time.time() - self.epoch_time_start

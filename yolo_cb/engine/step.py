@@ -7,6 +7,7 @@ batch's values callbacks read (`trainer.batch`, `trainer.loss`, ...: properties 
 from __future__ import annotations
 
 import math
+from time import perf_counter
 
 import numpy as np
 import torch
@@ -63,6 +64,7 @@ class BatchStep:
     def run(self, trainer) -> None:
         """Train on trainer.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
         trainer.run_callbacks("on_train_batch_start")
+        clock, start = trainer.clock, perf_counter()
         args, device = trainer.args, trainer.device
         ni = trainer.batch_i + trainer.num_batches * trainer.epoch
         self.warmup_accumulate(ni, args.nbs)
@@ -75,6 +77,7 @@ class BatchStep:
             loss_dict = trainer.model(images, targets)
         self.loss = loss_dict["total"]
         trainer.loss_items = torch.stack([loss_dict[name] for name in trainer.criterion.loss_names]).detach().float().cpu()
+        clock.spent("forward", start)
         trainer.run_callbacks("on_train_batch_loss_end")
         if distributed.any_rank(not torch.isfinite(self.loss).item(), trainer.flag_device):
             self.skip_nonfinite(trainer)
@@ -84,7 +87,9 @@ class BatchStep:
         losses.tloss = losses.loss_items if losses.tloss is None else (losses.tloss * i + losses.loss_items) / (i + 1)
         # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
         # DDP averages gradients over ranks; * world_size makes that a sum over the global batch
+        start = perf_counter()
         self.scaler.scale(self.loss * self.global_batch / args.nbs).backward()
+        clock.spent("backward", start)
         trainer.run_callbacks("on_after_backward")
         if ni - self.last_opt_step >= self.accumulate:
             self.optimizer_step(trainer)
@@ -100,9 +105,12 @@ class BatchStep:
                                      f"batch {trainer.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
 
     def optimizer_step(self, trainer) -> None:
-        optimizer = trainer.optimizer
+        optimizer, clock = trainer.optimizer, trainer.clock
+        start = perf_counter()
         self.scaler.unscale_(optimizer)
+        clock.spent("optimizer", start)
         trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
+        start = perf_counter()
         if trainer.args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.args.grad_clip)
         self.scaler.step(optimizer)
@@ -110,11 +118,14 @@ class BatchStep:
         progress = trainer.state.progress
         progress.stepped = True
         progress.optimizer_steps += 1
+        clock.spent("optimizer", start)
         trainer.run_callbacks("optimizer_step")
         trainer.run_callbacks("on_before_zero_grad")
+        start = perf_counter()
         optimizer.zero_grad(set_to_none=True)
         if trainer.ema is not None:
             trainer.ema.update(trainer.model)
+        clock.spent("optimizer", start)
 
     def warmup_accumulate(self, ni: int, nbs: int) -> None:
         """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the lr_schedule callback's."""

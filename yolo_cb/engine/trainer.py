@@ -9,6 +9,7 @@ checkpointer.py (what a checkpoint holds, last.pt after an error), signals.py, p
 from __future__ import annotations
 
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from yolo_cb.callbacks.engine import Callbacks
@@ -119,8 +120,11 @@ class Trainer:
         return self.place.flag_device
 
     def run_callbacks(self, event: str) -> None:
-        self.clock.on_event(event)
+        clock = self.clock
+        clock.on_event(event)
+        start = perf_counter()
         self.callbacks.run(event, self)
+        clock.spent("callbacks", start)
 
     def request_stop(self, cause: StopCause, reason: str) -> None:
         """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
@@ -128,9 +132,10 @@ class Trainer:
             self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
 
     # --- what Ultralytics' trainer exposes to callbacks and integrations -------------------
-    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
-        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback); it runs from the event's next firing."""
-        self.callbacks.add_callback(event, fn, on_error=on_error)
+    def add_callback(self, event: str, fn, on_error: str = "raise", **placement) -> None:
+        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback; name= / after= / before= place it); it
+        runs from the event's next firing."""
+        self.callbacks.add_callback(event, fn, on_error=on_error, **placement)
 
     @property
     def last(self) -> Path | None:
@@ -260,7 +265,7 @@ class Trainer:
             self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
-            LOGGER.info("callbacks (event, group, on_error, callback):\n" + self.callbacks.table())
+            LOGGER.info("callbacks, per event in firing order:\n" + self.callbacks.table())
         self.run_callbacks("on_pretrain_routine_end")
 
     def _build_model(self) -> None:
@@ -277,7 +282,9 @@ class Trainer:
         self.new_images.clear()
         skip = resume_state.continue_epoch(self)  # a mid-epoch resume: the batches already trained are skipped
         self.batches_done = skip
+        self.clock.mark = perf_counter()
         for batch_i, batch in enumerate(self.train_loader, start=skip):
+            self.clock.spent("data", self.clock.mark)  # the wait for this batch
             self.batch_i, self.batch = batch_i, batch
             steps = self.optimizer_steps
             self._train_batch()
@@ -292,6 +299,7 @@ class Trainer:
                 self.request_stop(StopCause.TIME_LIMIT, f"time limit of {self.args.time} h reached")
             if self.signals.agree_to_stop(self):
                 break
+            self.clock.mark = perf_counter()
         self.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
         self.run_callbacks("on_train_epoch_end")
 
@@ -307,8 +315,10 @@ class Trainer:
     def _validate_and_save(self) -> None:
         self.improved = False
         if self._should_validate():
+            start = perf_counter()
             metrics = self.validator(trainer=self) if self.is_main else None
             metrics = distributed.broadcast_object(metrics)
+            self.clock.spent("val", start)
             self.metrics, self.metrics_epoch = dict(metrics), self.epoch
             self.fitness = float(self.metrics.get("fitness", 0.0))
             self.monitor_value = self.monitor.value(self.metrics)
@@ -327,4 +337,6 @@ class Trainer:
             return
         rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
         if rows:
-            LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows))
+            record = Path(self.save_dir) / "callbacks.json" if self.args.save and self.save_dir else None
+            LOGGER.info("slowest callbacks: " + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows)
+                        + (f"; every callback's calls, times and errors, on every rank: {record}" if record else ""))

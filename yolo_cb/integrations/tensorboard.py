@@ -25,6 +25,9 @@ GRAPH_IMGSZ = 64  # side of the zero image the graph is traced with (any multipl
 class TensorBoard:
     """Writes TensorBoard event files into trainer.save_dir (main process only)."""
 
+    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
+    rank_zero_only = True
+
     def __init__(self):
         self.writer = None
 

@@ -30,6 +30,9 @@ LOG_EVERY = 10  # training batches between two logged batch losses
 class WandB:
     """Logs a training to Weights & Biases; see the module docstring."""
 
+    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
+    rank_zero_only = True
+
     def __init__(self, log_every: int = LOG_EVERY):
         self.log_every = int(log_every)
         self.run = None
@@ -66,7 +69,7 @@ class WandB:
         import wandb
 
         record = trainer.epoch_record
-        values = {**record.train, **record.lr, "epoch": trainer.epoch, **(record.metrics if record.validated else {})}
+        values = {**record.scalars(), "epoch": trainer.epoch}
         for path in trainer.new_images:
             values[image_tag(path, trainer.epoch)[0]] = wandb.Image(str(path))
         self.run.log(values, step=(trainer.epoch + 1) * trainer.num_batches - 1)
