@@ -124,7 +124,7 @@ class WallEStyle:
 def test_on_register_fires_when_added():
     callbacks, obj = Callbacks(), WallEStyle()
     callbacks.add_callbacks(obj)
-    assert obj.registered_with is callbacks and [e.name for e in callbacks.entries()] == [f"{__name__}.WallEStyle.on_train_end"]
+    assert obj.registered_with is callbacks and [e.name for e in callbacks.entries()] == ["WallEStyle"]
 
 
 # --- item 4: an LR written during warmup sticks ---------------------------------------------------------------------
