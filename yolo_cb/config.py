@@ -320,7 +320,15 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     merged.update(overrides)
     sources = [base or {}, loaded if cfg_file else {}, overrides]
     merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
-    return _typed(merged, defaults)
+    return check_unfreeze(_typed(merged, defaults))
+
+
+def check_unfreeze(config: Config) -> Config:
+    """unfreeze_epoch= needs freeze=: without frozen layers it would do nothing."""
+    if config.unfreeze_epoch is not None and config.freeze is None:
+        raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
+                          f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
+    return config
 
 
 def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:

@@ -18,7 +18,7 @@ import torch
 from yolo_cb.config import Config
 from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
-from yolo_cb.engine.freeze import freeze_layers
+from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
@@ -43,6 +43,7 @@ class Parts:
     model_cfg: dict = field(default_factory=dict)
     loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
     frozen: list[str] = field(default_factory=list)  # the modules freeze= froze (parameters and BatchNorm statistics as loaded)
+    ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
 
 
@@ -155,7 +156,21 @@ def wrap_distributed(trainer) -> None:
     elif trainer.args.sync_bn:
         LOGGER.warning("WARNING sync_bn=True needs CUDA (PyTorch's SyncBatchNorm runs on GPUs only); plain BatchNorm is used on CPU")
     ids = [device.index] if device.type == "cuda" else None
+    parts.ddp_trainable = trainable_count(parts.model)
     parts.model = DistributedDataParallel(parts.model, device_ids=ids, find_unused_parameters=False)
+
+
+def sync_trainable(trainer) -> None:
+    """After on_train_epoch_start: frozen BatchNorm statistics stay as loaded (those of unfrozen layers update again);
+    under DDP, a wrapper built for another set of trainable tensors is built again, on every rank at the same epoch
+    start (DDP all-reduces only the gradients of the tensors it registered)."""
+    parts = trainer.parts
+    model = unwrap(parts.model)
+    freeze_bn_stats(model, parts.frozen)
+    if trainer.world_size > 1 and trainable_count(model) != parts.ddp_trainable:
+        LOGGER.info(f"trainable tensors changed ({parts.ddp_trainable} -> {trainable_count(model)}): DDP wrapper rebuilt")
+        parts.model = model
+        wrap_distributed(trainer)
 
 
 def build_validator(trainer) -> None:

@@ -17,9 +17,8 @@ from yolo_cb.data.loader import close_loaders
 from yolo_cb.engine import build, resume_state
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
-from yolo_cb.engine.ema import ModelEMA, unwrap
+from yolo_cb.engine.ema import ModelEMA
 from yolo_cb.engine.epoch_record import EpochOutput, EpochRecord
-from yolo_cb.engine.freeze import freeze_bn_stats
 from yolo_cb.engine.monitor import Monitor
 from yolo_cb.engine.place import Place, make_save_dir
 from yolo_cb.engine.run_state import Clock, Progress, RunState, delegate, state_field
@@ -263,8 +262,8 @@ class Trainer:
     # --- epoch / batch ------------------------------------------------------------------
     def _train_epoch(self) -> None:
         self.model.train()
-        freeze_bn_stats(unwrap(self.model), self.frozen)  # frozen layers' BatchNorm keeps its running statistics
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
+        build.sync_trainable(self)  # after it: a callback may unfreeze here; frozen BatchNorm keeps its statistics
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.tloss = None
