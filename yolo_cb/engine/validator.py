@@ -18,7 +18,7 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.data.loader import close_loaders
-from yolo_cb.engine import coco_json
+from yolo_cb.engine import coco_json, per_class
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.utils.files import run_dir
@@ -308,6 +308,8 @@ class Validator:
         self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names)
         self.per_class = m.per_class
         self.fitness = m.fitness
+        if per_class.wanted(self.args.per_class, self.nc):
+            self.metrics.update(per_class.metric_keys(self.per_class))  # per_class/<name>/<metric>: engine/per_class.py
 
     # --- reporting ------------------------------------------------------------------------------
     def print_results(self) -> None:
@@ -327,6 +329,8 @@ class Validator:
 
     def save_outputs(self) -> None:
         final = not self.training or self.plot
+        if self.save_dir is not None and self.args.save and (self.training or self.trainer is None):  # not best.pt's final check
+            per_class.write(self.save_dir, self.per_class, self.trainer.epoch + 1 if self.training else None)
         if self.args.plots and final and self.save_dir is not None:
             try:
                 self.plots.update({Path(f): {"data": None, "timestamp": time.time()} for f in self.plot_metrics() if f})
