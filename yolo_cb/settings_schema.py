@@ -68,7 +68,8 @@ RULES: dict[str, Setting] = {
     "data": _k("text"), "cfg": _k("text"),
     # training
     "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
-    "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
+    "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"),
+    "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
     "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R),
     "save_initial": _k("bool", **R), "save_epochs": _k("save_epochs", **R),
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
