@@ -19,6 +19,7 @@ from yolo_cb.config import Config
 from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
+from yolo_cb.engine.val_sets import extra_sets, placeholder_keys
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
@@ -43,6 +44,7 @@ class Parts:
     model_cfg: dict = field(default_factory=dict)
     loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
     frozen: list[str] = field(default_factory=list)  # the modules freeze= froze (parameters and BatchNorm statistics as loaded)
+    extra_val: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (engine/val_sets.py)
     ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
 
@@ -143,6 +145,10 @@ def build_loaders(trainer) -> None:
         split = parts.data.get(args.split if args.split != "train" else "val") or parts.data.get("val")
         val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
         parts.test_loader = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+        if args.split == "val":
+            for name, split in extra_sets(parts.data).items():
+                dataset = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+                parts.extra_val[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
 
 
 def wrap_distributed(trainer) -> None:
@@ -181,10 +187,12 @@ def build_validator(trainer) -> None:
     trainer.parts.validator = validator
 
 
-def placeholder_metrics(loss_names: tuple[str, ...]) -> dict[str, float]:
-    """NaN for every metric a validation gives: what a callback reading one before the first validation gets."""
+def placeholder_metrics(loss_names: tuple[str, ...], data: dict | None = None) -> dict[str, float]:
+    """NaN for every metric a validation gives (of every validation set): what a callback reading one before the first
+    validation gets."""
     keys = [f"metrics/{n}" for n in METRIC_NAMES] + ["fitness"] + [f"val/{n}" for n in loss_names]
-    return dict.fromkeys(keys, float("nan"))
+    values = dict.fromkeys(keys, float("nan"))
+    return {**values, **placeholder_keys(data or {}, values)}
 
 
 def refuse_unread_loss_settings(args: Config, criterion) -> None:

@@ -56,10 +56,11 @@ def read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write(folder: Path, table: list[dict], epoch: int | None) -> Path:
-    """Write the rows of this validation to folder/results_per_class.csv (atomically); during training (`epoch` given)
-    the rows of earlier epochs are kept, those of this epoch and later ones replaced."""
-    path = Path(folder) / FILE
+def write(folder: Path, table: list[dict], epoch: int | None, set_name: str | None = None) -> Path:
+    """Write the rows of this validation to folder/results_per_class.csv (results_per_class_<set>.csv for a validation set
+    after the first, engine/val_sets.py), atomically; during training (`epoch` given) the rows of earlier epochs are kept,
+    those of this epoch and later ones replaced."""
+    path = Path(folder) / (FILE if set_name is None else FILE.replace(".csv", f"_{set_name}.csv"))
     kept = [r for r in read(path) if epoch is not None and r.get("epoch") and int(r["epoch"]) < epoch]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS))

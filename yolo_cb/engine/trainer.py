@@ -14,7 +14,7 @@ from typing import Any
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
-from yolo_cb.engine import build, resume_state
+from yolo_cb.engine import build, resume_state, val_sets
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
 from yolo_cb.engine.ema import ModelEMA
@@ -184,7 +184,7 @@ class Trainer:
         finally:
             self.signals.restore()
             self.run_callbacks("teardown")
-            close_loaders(self.train_loader, self.test_loader)
+            close_loaders(self.train_loader, self.test_loader, *self.parts.extra_val.values())
             self.place.leave_distributed(self, clean_exit=self.exception is None)
             restore_process_state(previous_state, LOGGER)
             self.place.release()
@@ -249,7 +249,7 @@ class Trainer:
         build.wrap_distributed(self)
         build.build_validator(self)
         if self.metrics_epoch is None and not self.metrics:
-            self.metrics = build.placeholder_metrics(self.loss_names)
+            self.metrics = build.placeholder_metrics(self.loss_names, self.data)
             self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
@@ -300,7 +300,7 @@ class Trainer:
     def _validate_and_save(self) -> None:
         self.improved = False
         if self._should_validate():
-            metrics = self.validator(trainer=self) if self.is_main else None
+            metrics = val_sets.validate_sets(self) if self.is_main else None  # every validation set (one, usually)
             metrics = distributed.broadcast_object(metrics)
             self.metrics, self.metrics_epoch = dict(metrics), self.epoch
             self.fitness = float(self.metrics.get("fitness", 0.0))

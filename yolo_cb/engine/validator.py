@@ -55,6 +55,7 @@ class Validator:
         self.dataloader = dataloader
         self.plot = False  # the trainer sets it for the final validation (plots, json) of best.pt
         self.trainer = None  # the trainer when validating during training (set by it): validator callbacks reach its state
+        self.set_name: str | None = None  # the validation set after the first being validated (engine/val_sets.py); None: the first
         self.training = False
         self.device = torch.device("cpu")
         self.model = None
@@ -330,7 +331,7 @@ class Validator:
     def save_outputs(self) -> None:
         final = not self.training or self.plot
         if self.save_dir is not None and self.args.save and (self.training or self.trainer is None):  # not best.pt's final check
-            per_class.write(self.save_dir, self.per_class, self.trainer.epoch + 1 if self.training else None)
+            per_class.write(self.save_dir, self.per_class, self.trainer.epoch + 1 if self.training else None, self.set_name)
         if self.args.plots and final and self.save_dir is not None:
             try:
                 self.plots.update({Path(f): {"data": None, "timestamp": time.time()} for f in self.plot_metrics() if f})
