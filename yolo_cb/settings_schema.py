@@ -70,7 +70,7 @@ RULES: dict[str, Setting] = {
     "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
     "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"),
     "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
-    "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R),
+    "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R), "average_best": _int(0, **R),
     "save_initial": _k("bool", **R), "save_epochs": _k("save_epochs", **R),
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
     "nproc": _int(1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
