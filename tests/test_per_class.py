@@ -80,9 +80,13 @@ def test_yolo_cb_val_writes_the_same_csv(run):
     rows = read(out / "v" / "results_per_class.csv")
     metrics = YOLO(str(best)).val(data=str(run["data"]), imgsz=64, batch=16, workers=0, plots=False, project=str(out), name="py")
     assert rows and all(r["epoch"] == "" for r in rows)
-    for r in rows:
-        assert float(r["mAP50-95"]) == pytest.approx(metrics[f"per_class/{r['name']}/mAP50-95(B)"], rel=1e-5, abs=1e-9)
-    assert [r["name"] for r in rows] == [s["Class"] for s in metrics.summary()]
+    summary = metrics.summary(decimals=9)  # Ultralytics' per-class table of the same validation, from Python
+    assert [r["name"] for r in rows] == [s["Class"] for s in summary]
+    for r, s in zip(rows, summary, strict=True):
+        assert (int(r["images"]), int(r["instances"])) == (s["Images"], s["Instances"])
+        assert float(r["mAP50-95"]) == pytest.approx(s["mAP50-95"], rel=1e-5, abs=1e-8)
+        assert float(r["P"]) == pytest.approx(s["Box-P"], rel=1e-5, abs=1e-8)
+    assert not any(k.startswith("per_class/") for k in metrics)  # val() returns Ultralytics' keys only
 
 
 def test_per_class_setting():

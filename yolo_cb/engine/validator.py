@@ -309,7 +309,7 @@ class Validator:
         self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names)
         self.per_class = m.per_class
         self.fitness = m.fitness
-        if per_class.wanted(self.args.per_class, self.nc):
+        if self.training and per_class.wanted(self.args.per_class, self.nc):  # trainer.metrics; val() keeps Ultralytics' keys
             self.metrics.update(per_class.metric_keys(self.per_class))  # per_class/<name>/<metric>: engine/per_class.py
 
     # --- reporting ------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ class Validator:
     def save_outputs(self) -> None:
         final = not self.training or self.plot
         if self.save_dir is not None and self.args.save and (self.training or self.trainer is None):  # not best.pt's final check
-            per_class.write(self.save_dir, self.per_class, self.trainer.epoch + 1 if self.training else None, self.set_name)
+            per_class.write(self.save_dir, self.per_class, getattr(self.trainer, "epoch", 0) + 1 if self.training else None, self.set_name)
         if self.args.plots and final and self.save_dir is not None:
             try:
                 self.plots.update({Path(f): {"data": None, "timestamp": time.time()} for f in self.plot_metrics() if f})
