@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import yolo_cb.cli
 import yolo_cb.config
 import yolo_cb.engine.resume
 import yolo_cb.model
@@ -26,7 +27,7 @@ def resolutions(monkeypatch):
         calls.append(args)
         return original(*args, **kwargs)
 
-    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.engine.resume):
+    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.engine.resume, yolo_cb.cli):
         monkeypatch.setattr(module, "get_config", counted)
     return calls
 
@@ -56,3 +57,11 @@ def test_train_resolves_the_settings_once(tmp_path, shapes_small_yaml, resolutio
     resolutions.clear()
     YOLO("yolox-nano.yaml").train(**run, epochs=2, name="auto", resume="auto")  # continues the interrupted run
     assert len(resolutions) == 1
+
+
+def test_cli_train_resolves_the_settings_once(tmp_path, shapes_small_yaml, resolutions):
+    """`yolo-cb train ...` checks its settings before torch loads and trains with that very resolution."""
+    run = {**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "epochs": 1, "name": "cli"}
+    yolo_cb.cli.run(["train", "model=yolox-nano.yaml", *(f"{k}={v}" for k, v in run.items())])
+    assert len(resolutions) == 1
+    assert (tmp_path / "runs" / "cli" / "weights" / "last.pt").is_file()

@@ -5,6 +5,9 @@ stay readable on the trainer itself, and the writes that have an effect today ke
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from yolo_cb import YOLO
@@ -23,7 +26,7 @@ CALLBACK_NAMES = (
     "metrics_epoch", "validated_this_epoch", "monitor", "monitor_value", "improved", "best_epoch", "stop_cause",
     "request_stop", "exception", "is_main", "elapsed", "resume_ckpt", "loss_names", "frozen", "validate_every_epoch",
     "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
-    "data_fingerprint", "lr_schedule",
+    "data_fingerprint", "lr_schedule", "epoch_record", "new_images", "setup_done",
 )
 
 
@@ -48,6 +51,37 @@ def test_every_name_callbacks_read_is_on_the_trainer(trained):
     assert trainer.best.name == "best.pt" and trainer.last.name == "last.pt" and trainer.best.parent == trainer.wdir
     assert trainer.stop is False and trainer.stop_reason == ""
     assert set(trainer.lr) == {f"lr/pg{i}" for i in range(len(trainer.optimizer.param_groups))}
+    own = sorted(vars(trainer))  # after a whole run: nothing is created on the trainer outside __init__
+    assert len(own) <= 15, own
+
+
+OUR_CALLBACK_CODE = ("yolo_cb/callbacks", "yolo_cb/integrations", "yolo_cb/tune", "yolo_cb/engine/ddp.py", "yolo_cb/model.py")
+
+
+def names_read_on_trainer(root: Path) -> dict[str, str]:
+    """`trainer.<name>` (and `t.<name>` in a lambda's `t`) read anywhere in our callbacks and integrations -> one place."""
+    seen = {}
+    for rel in OUR_CALLBACK_CODE:
+        target = root / rel
+        for path in ([target] if target.is_file() else sorted(target.rglob("*.py"))):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trainer":
+                    seen.setdefault(node.attr, f"{path.relative_to(root)}:{node.lineno}")
+    return seen
+
+
+def test_every_trainer_name_our_callbacks_read_is_declared():
+    """Each name our own callbacks, integrations and tune read on a trainer is declared: a property of the class, or one
+    of the attributes its __init__ sets; and is in CALLBACK_NAMES, the list this file pins."""
+    from yolo_cb.config import get_config
+    from yolo_cb.engine.trainer import Trainer
+
+    read = names_read_on_trainer(Path(__file__).resolve().parents[1])
+    assert len(read) > 30  # the scan finds the reads (it would pass vacuously on a wrong root)
+    instance = Trainer(get_config({}))
+    undeclared = {n: where for n, where in read.items() if not (hasattr(Trainer, n) or n in vars(instance))}
+    unpinned = {n: where for n, where in read.items() if n not in CALLBACK_NAMES + ("train",)}  # train(): ddp.py runs it
+    assert not undeclared and not unpinned, (undeclared, unpinned)
 
 
 def test_run_state_fields_are_few_and_typed():

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from test_tune import SPACE, TRIAL, cli_env, read_csv, tune_cli
 
 
@@ -32,7 +33,8 @@ def start_and_hold(tmp_path: Path, data: Path) -> tuple[subprocess.Popen, Path, 
 
 
 def resume(tmp_path: Path, folder: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "yolo_cb", "tune", f"resume={folder}"], cwd=tmp_path, env=cli_env(tmp_path),
+    # callbacks= given again (empty: the hold is not wanted now): a tune folder's record never supplies code
+    proc = subprocess.run([sys.executable, "-m", "yolo_cb", "tune", f"resume={folder}", "callbacks="], cwd=tmp_path, env=cli_env(tmp_path),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout + proc.stderr
@@ -76,3 +78,24 @@ def test_sigterm_during_a_trial_then_resume_continues_it_from_last_pt(tmp_path, 
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 143, out[-3000:]
     check_continued(folder, resume(tmp_path, folder))
+
+
+def test_a_tune_folder_never_supplies_code(tmp_path, shapes_small_yaml):
+    """tune.yaml is a file in a folder anyone may hand over: its callbacks= are not imported on resume unless given again."""
+    from yolo_cb import YOLO
+    from yolo_cb.config import ConfigError
+
+    folder = tmp_path / "tunes" / "t"
+    folder.mkdir(parents=True)
+    planted = tmp_path / "planted"
+    (tmp_path / "evil_cb.py").write_text(f"open({str(planted)!r}, 'w').write('ran')\ndef hook(trainer):\n    pass\n")
+    settings = {**TRIAL, "epochs": 1, "data": str(shapes_small_yaml), "mlflow": False, "callbacks": "on_fit_epoch_end=evil_cb:hook"}
+    (folder / "tune.yaml").write_text(yaml.safe_dump({"study_name": "t", "storage": f"sqlite:///{folder / 'study.db'}", "model": "yolox-nano.yaml",
+                                                      "iterations": 1, "pruner": "none", "settings": settings, "space": {}}))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match=r"records callbacks=.*give callbacks= again"):
+            YOLO("yolox-nano.yaml").tune(resume=str(folder))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not planted.exists() and "evil_cb" not in sys.modules

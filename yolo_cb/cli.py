@@ -12,8 +12,9 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import describe_settings, load_defaults
+from yolo_cb.config import describe_settings, get_config, load_defaults
 from yolo_cb.errors import UserError
+from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
@@ -112,17 +113,16 @@ def run(argv: list[str]) -> object:
     if mode == "cfg":
         print_settings()
         return None
-    from yolo_cb.config import get_config
-    from yolo_cb.utils.log import setup_logging
-
     args = get_config({**overrides, "mode": mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+    if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
+        return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
 

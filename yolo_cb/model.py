@@ -14,15 +14,30 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch import nn
 
 from yolo_cb import paths
+from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.config import ConfigError, get_config
+from yolo_cb.config import Config, ConfigError, get_config
+from yolo_cb.engine import resume
+from yolo_cb.engine.backend import load_backend
+from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from yolo_cb.engine.ddp import launch_ddp, world_size_for
+from yolo_cb.engine.exporter import Exporter
+from yolo_cb.engine.predictor import Predictor
+from yolo_cb.engine.resume import finished_run
+from yolo_cb.engine.trainer import Trainer
+from yolo_cb.engine.val_metrics import DetectionMetrics
+from yolo_cb.engine.validator import Validator
+from yolo_cb.nn import build_model
+from yolo_cb.nn.build import load_model_cfg
+from yolo_cb.nn.summary import log_summary, model_info
+from yolo_cb.tune import tune
 from yolo_cb.utils.log import setup_logging
-
-if TYPE_CHECKING:
-    from yolo_cb.engine.val_metrics import DetectionMetrics
+from yolo_cb.weights import is_weights_name, resolve_weights
 
 
 class _DefaultModel(str):
@@ -43,21 +58,17 @@ class YOLO:
         self.metrics: DetectionMetrics | None = None
         self._module: tuple[str | None, Any] | None = None  # (source, the loaded model) behind `model.model`
         self.overrides: dict[str, Any] = {}
-        from yolo_cb.weights import is_weights_name
 
         if self.source and self.source.endswith((".pt", ".pth")) and not is_weights_name(self.source):  # a name: fetched on first use
             self._read_overrides()
 
     def _read_overrides(self) -> None:
-        from yolo_cb.engine.checkpoint import load_checkpoint
-
         self.overrides = {k: v for k, v in (load_checkpoint(self.source).get("train_args") or {}).items()
                           if k in ("data", "imgsz")}  # never a place to write (datasets_dir): the user's, else the default
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
         verified and converted (yolo_cb.weights), then used as the model; returns kwargs with model= resolved."""
-        from yolo_cb.weights import is_weights_name, resolve_weights
 
         named = kwargs.get("model", self.source)
         if not is_weights_name(named):
@@ -92,8 +103,6 @@ class YOLO:
         return self
 
     def _engine_callbacks(self, args) -> Callbacks:
-        from yolo_cb.callbacks.assemble import apply_specs
-
         callbacks = self.callbacks.copy()
         apply_specs(callbacks, args.callbacks)
         return callbacks
@@ -116,15 +125,9 @@ class YOLO:
     def _load_module(self):
         source = self.source or str(DEFAULT_MODEL)
         if source.endswith((".yaml", ".yml")):
-            from yolo_cb.nn import build_model
-
             return build_model(source, nc=80, verbose=False)
         if source.endswith((".pt", ".pth")):
-            from yolo_cb.engine.checkpoint import model_from_checkpoint
-            from yolo_cb.weights import resolve_weights
-
             return model_from_checkpoint(resolve_weights(source, get_config({}).weights_dir))
-        from yolo_cb.engine.backend import load_backend
 
         return load_backend(source)
 
@@ -137,10 +140,6 @@ class YOLO:
 
     def info(self, verbose: bool = True, imgsz: int = 640) -> tuple[int, int, int, float]:
         """(layers, parameters, trainable parameters, GFLOPs at imgsz), as Ultralytics' model.info(); verbose logs one line."""
-        from torch import nn
-
-        from yolo_cb.nn.summary import log_summary, model_info
-
         module = self.model
         if not isinstance(module, nn.Module):
             raise TypeError(f"info() needs a PyTorch model; {self.source} is an exported file ({type(module).__name__})")
@@ -152,19 +151,16 @@ class YOLO:
     def train(self, **kwargs) -> DetectionMetrics:
         """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
         attributes). trainer= takes a subclass of yolo_cb.engine.trainer.Trainer to train with."""
-        from yolo_cb.callbacks.assemble import build_trainer_callbacks
-        from yolo_cb.engine import resume
-
         kwargs = dict(kwargs)
+        resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
         source, model_named = self._train_source(kwargs.pop("model", None))
         kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
         if resuming is not None and resuming.finished:
             setup_logging(resuming.args.verbose)
             return self._finished_run(resuming, kwargs)
-        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source)
+        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source, resolved)
         setup_logging(args.verbose)
-        from yolo_cb.engine.ddp import world_size_for
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
             return self._train_ddp(args, trainer_class, source, resuming)
@@ -188,10 +184,6 @@ class YOLO:
 
     def _train_ddp(self, args, trainer_class: type, source: Any, resuming) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
-        from yolo_cb.engine.ddp import launch_ddp
-        from yolo_cb.engine.trainer import Trainer
-        from yolo_cb.engine.val_metrics import DetectionMetrics
-
         if trainer_class is not Trainer:
             raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
@@ -209,13 +201,11 @@ class YOLO:
         """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
         settings sampled from `space=`, pruned through trainer.stop; returns the best trial's summary (settings, fitness,
         folder). Needs the tune extra: pip install 'yolo-cb[tune]'."""
-        from yolo_cb.tune import tune
 
         return tune(self, **kwargs)
 
     def _finished_run(self, resuming, overrides: dict) -> DetectionMetrics:
         """resume= of a run that ended: nothing to train and nothing written (yolo_cb.engine.resume.finished_run says so)."""
-        from yolo_cb.engine.resume import finished_run
 
         self.metrics, weights = finished_run(resuming, overrides)
         self.trainer = None
@@ -224,8 +214,6 @@ class YOLO:
         return self.metrics
 
     def val(self, **kwargs) -> DetectionMetrics:
-        from yolo_cb.engine.validator import Validator
-
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**self.overrides, **kwargs, "mode": "val", "model": kwargs.get("model", self.source)})
         self._require_weights("val", args.model)
@@ -240,7 +228,6 @@ class YOLO:
 
     def run_predict(self, source: Any, stream: bool, kwargs: dict, save: bool):
         """predict() with `save` as the default of save= (False from Python, True from the CLI)."""
-        from yolo_cb.engine.predictor import Predictor
 
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
@@ -251,8 +238,6 @@ class YOLO:
         return predictor(source=source if source is not None else args.source, model=args.model, stream=stream)
 
     def export(self, **kwargs) -> str:
-        from yolo_cb.engine.exporter import Exporter
-
         kwargs = self._fetch_named_weights(kwargs)
         # export batch defaults to 1 (the training default of 16 would make a static batch-16 model)
         args = get_config({"batch": 1, **{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export",
@@ -278,7 +263,6 @@ class YOLO:
 def final_metrics(values: dict, validator) -> DetectionMetrics:
     """The metrics train() returns: the trainer's final values, with the per-class detail of the validation that produced
     them (none when the last validation is not theirs, e.g. val=False)."""
-    from yolo_cb.engine.val_metrics import DetectionMetrics
 
     last = getattr(validator, "metrics", None)
     if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
@@ -287,8 +271,6 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 
 
 def _trainer_class(trainer_class: Any) -> type:
-    from yolo_cb.engine.trainer import Trainer
-
     trainer_class = trainer_class or Trainer
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
         raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
@@ -296,18 +278,15 @@ def _trainer_class(trainer_class: Any) -> type:
     return trainer_class
 
 
-def fresh_train_args(overrides: dict[str, Any], source: Any):
+def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None):
     """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
-    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made."""
-    from yolo_cb.weights import resolve_weights
-
-    args = get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
-    resolved = resolve_weights(source, args.weights_dir)
-    if resolved is not source:
-        source = args.model = str(resolved)
+    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
+    overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
+    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    weights = resolve_weights(source, args.weights_dir)
+    if weights is not source:
+        source = args.model = str(weights)
     args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
     if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
-        from yolo_cb.nn.build import load_model_cfg
-
         load_model_cfg(source)
     return args, source

@@ -22,7 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.data.download import download_dataset, is_url
+from yolo_cb.data.synthetic import generate_shapes
 from yolo_cb.errors import DataError, load_yaml, short_repr
+from yolo_cb.paths import find_dataset_cfg
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -115,8 +118,6 @@ def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
 
 
 def _generate(spec, target: Path, yaml_file: Path) -> None:
-    from yolo_cb.data.synthetic import generate_shapes
-
     spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
     kind = spec.pop("kind", "shapes")
     if kind != "shapes":
@@ -156,7 +157,6 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
     listing every place looked.
     """
-    from yolo_cb.paths import find_dataset_cfg
 
     yaml_file = find_dataset_cfg(str(data)).resolve()
     cfg, names = _read_dataset_yaml(yaml_file)
@@ -227,7 +227,6 @@ def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tupl
 
 def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
     """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
-    from yolo_cb.data.download import download_dataset, is_url
 
     for url in urls:
         if not is_url(url):

@@ -15,14 +15,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_cb.config import Config
+from yolo_cb.config import Config, load_defaults
+from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
 from yolo_cb.engine.val_sets import extra_sets, placeholder_keys
+from yolo_cb.engine.validator import Validator
+from yolo_cb.errors import ConfigError
+from yolo_cb.nn import build_model as build
+from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
+from yolo_cb.weights import resolve_weights
 
 
 def loss_settings(args: Config) -> dict[str, Any]:
@@ -47,6 +54,7 @@ class Parts:
     extra_val: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (engine/val_sets.py)
     ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
+    lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -62,7 +70,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def check_data(trainer) -> dict:
     """The dataset dict; rank 0 downloads or generates it first."""
-    from yolo_cb.data.resolve import check_data as resolve
 
     if trainer.rank > 0:
         distributed.barrier()  # let rank 0 download or generate the dataset first
@@ -74,9 +81,6 @@ def check_data(trainer) -> dict:
 
 def build_model(trainer) -> None:
     """The model from the checkpoint resumed, the initial checkpoint or the YAML; freeze=; the loss configured."""
-    from yolo_cb.nn import build_model as build
-    from yolo_cb.weights import resolve_weights
-
     args, parts = trainer.args, trainer.parts
     source = resolve_weights(trainer.model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
     init_ckpt = None
@@ -111,7 +115,6 @@ def configure_criterion(args: Config, parts: Parts) -> None:
 def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
     """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
     YOLOX's prior bias). Returns the number of tensors transferred."""
-    from yolo_cb.nn.yolox.head import PRIOR_PROB
 
     ckpt = Checkpoint.of(ckpt)
     source = ckpt.ema or ckpt.model
@@ -130,8 +133,6 @@ def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> in
 
 
 def build_loaders(trainer) -> None:
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
-
     args, parts, rank, stride = trainer.args, trainer.parts, trainer.rank, 32
     names = parts.data["names"]
     if rank > 0:
@@ -180,8 +181,6 @@ def sync_trainable(trainer) -> None:
 
 
 def build_validator(trainer) -> None:
-    from yolo_cb.engine.validator import Validator
-
     validator = Validator(trainer.args, save_dir=trainer.save_dir, callbacks=trainer.callbacks, dataloader=trainer.test_loader)
     validator.trainer = trainer  # validator events reach the trainer (and its epoch) during training
     trainer.parts.validator = validator
@@ -197,9 +196,6 @@ def placeholder_metrics(loss_names: tuple[str, ...], data: dict | None = None) -
 
 def refuse_unread_loss_settings(args: Config, criterion) -> None:
     """A loss setting the model's criterion does not take (YOLOCB: CIoU + DFL, fixed gains) must stay at its default."""
-    from yolo_cb.config import load_defaults
-    from yolo_cb.errors import ConfigError
-
     defaults = load_defaults()
     for key, value in loss_settings(args).items():
         if key not in criterion.reads_settings and value != defaults[key]:

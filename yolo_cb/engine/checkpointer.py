@@ -14,6 +14,7 @@ from yolo_cb.engine.ema import unwrap
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.version import __version__
 
 
 class Checkpointer:
@@ -39,7 +40,6 @@ class Checkpointer:
 
     def checkpoint(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
         """The trainer's state as a Checkpoint."""
-        from yolo_cb.version import __version__
 
         p, step, ema = trainer.state.progress, trainer.step, trainer.ema
         epoch = p.completed_epoch if epoch is None else epoch

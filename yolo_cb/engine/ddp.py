@@ -19,12 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.utils.log import LOGGER
+from yolo_cb.callbacks.assemble import build_trainer_callbacks
+from yolo_cb.config import get_config
+from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.engine.trainer import SIGNAL_EXIT, Trainer
+from yolo_cb.utils.log import LOGGER, setup_logging
 
 
 def _signal_exits() -> dict:
     """{signal: a worker's exit code after it} for the signals passed on to the workers (the trainer's SIGNAL_EXIT)."""
-    from yolo_cb.engine.trainer import SIGNAL_EXIT
 
     return SIGNAL_EXIT
 
@@ -130,11 +133,6 @@ def worker(payload_path: str) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     os.chdir(payload["cwd"])
-    from yolo_cb.callbacks.assemble import build_trainer_callbacks
-    from yolo_cb.config import get_config
-    from yolo_cb.engine.trainer import Trainer
-    from yolo_cb.utils.log import setup_logging
-
     args = get_config(payload["args"])
     rank = int(os.environ["RANK"])
     setup_logging(args.verbose)
@@ -144,8 +142,6 @@ def worker(payload_path: str) -> int:
         logging.getLogger("yolo_cb").setLevel(logging.WARNING)
     trainer = Trainer(args, callbacks=build_trainer_callbacks(args, payload["callbacks"]), model=payload["model"])
     if payload["resume"]:
-        from yolo_cb.engine.checkpoint import load_checkpoint
-
         trainer.resume_ckpt = load_checkpoint(payload["resume"])  # the trainer finds (and verifies) its run folder
     try:
         metrics = trainer.train()

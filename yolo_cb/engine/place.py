@@ -15,6 +15,7 @@ import torch
 from yolo_cb.config import save_config
 from yolo_cb.engine import resume, resume_state
 from yolo_cb.engine.ema import unwrap
+from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
@@ -104,7 +105,6 @@ def make_save_dir(trainer) -> None:
 
 def record_data_path(args) -> None:
     """Record the data YAML as an absolute path (args.yaml, checkpoints): a resume from any folder finds the same one."""
-    from yolo_cb.paths import find_dataset_cfg
 
     try:
         args.data = str(find_dataset_cfg(str(args.data or "shapes.yaml")).resolve())

@@ -27,6 +27,8 @@ from yolo_cb.data.transforms import letterbox
 from yolo_cb.data.verify import IMG_SUFFIXES, imread
 from yolo_cb.engine.backend import Backend, load_backend
 from yolo_cb.engine.results import Results
+from yolo_cb.nn.postprocess import postprocess, scale_boxes
+from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpeg", ".mpg", ".wmv", ".webm", ".gif")
@@ -271,8 +273,6 @@ class Predictor:
         return f"{kind} {self._described}/{count}{'' if frame is None else f' (frame {frame + 1})'} {path}: "
 
     def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
-        from yolo_cb.nn.postprocess import postprocess, scale_boxes
-
         args = self.args
         dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes)
         results = []
@@ -283,8 +283,6 @@ class Predictor:
 
     # --- saving -----------------------------------------------------------------------------
     def _make_save_dir(self) -> Path:
-        from yolo_cb.utils.files import run_dir
-
         return run_dir(self.args, "predict")
 
     def _claim(self, kind: str, name: str, source: str) -> str:

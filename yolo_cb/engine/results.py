@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo_cb.utils.draw import draw_detections
+
 
 class Boxes:
     """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels.
@@ -159,8 +161,6 @@ class Results:
         return canvas
 
     def _draw(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None) -> np.ndarray:
-        from yolo_cb.utils.draw import draw_detections
-
         canvas = np.ascontiguousarray((img if img is not None else self.orig_img).copy())
         return draw_detections(canvas, self.boxes._tensor().cpu().tolist(), self.names, line_width, labels, conf)
 

@@ -19,8 +19,13 @@ from typing import Any, NamedTuple
 
 from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.config import Config, coerce, get_config, load_cfg_file
+from yolo_cb.data.resolve import check_data
+from yolo_cb.data.verify import list_image_files
 from yolo_cb.engine.checkpoint import Checkpoint, load_checkpoint
+from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.nn.build import load_model_cfg
+from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.settings_schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
@@ -179,7 +184,6 @@ def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
     """resume= of a run that ended, without a larger epochs= (which trains it further: extends_finished_run): nothing to
     train and nothing written; says how to train further. Returns (its saved metrics, the weights to use from now on:
     best.pt, else the checkpoint)."""
-    from yolo_cb.engine.val_metrics import DetectionMetrics
 
     args, ckpt, path = resumed.args, Checkpoint.of(resumed.ckpt, resumed.path), resumed.path
     done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
@@ -247,8 +251,6 @@ def resumable_settings(train_args: dict[str, Any], given: dict[str, Any], path: 
 
 # --- refusals: the same model, the same dataset -----------------------------------------------------------------------
 def _same_data_yaml(a: Any, b: Any) -> bool:
-    from yolo_cb.paths import find_dataset_cfg
-
     try:
         return find_dataset_cfg(str(a)).resolve() == find_dataset_cfg(str(b)).resolve()
     except (FileNotFoundError, OSError):
@@ -270,7 +272,6 @@ def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -
         if Path(str(model)).expanduser().resolve() not in own:
             raise refuse
         return
-    from yolo_cb.nn.build import load_model_cfg
 
     arch, _ = load_model_cfg(str(model))
     stored = ckpt.model_cfg or {}
@@ -281,14 +282,12 @@ def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -
 
 def check_resume_data(args, ckpt: Checkpoint | dict, path: Path) -> None:
     """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
-    from yolo_cb.data.resolve import check_data
 
     check_same_dataset(ckpt, dataset_fingerprint(check_data(args.data or "shapes.yaml", args.datasets_dir)), path)
 
 
 def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
     """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names."""
-    from yolo_cb.data.verify import list_image_files
 
     def count(split) -> int:
         try:

@@ -19,6 +19,7 @@ from yolo_cb.engine.stop import StopCause
 class Progress:
     """Where the run is: epochs (0-based), batches of the current epoch, optimizer steps."""
 
+    setup_done: bool = False  # model, loaders and optimizer are built: a checkpoint can be written
     epochs: int = 0  # epochs to train in all
     start_epoch: int = 0  # the first epoch this process trains (after a resume: the one after the checkpoint's)
     epoch: int = 0  # the current epoch

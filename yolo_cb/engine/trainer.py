@@ -15,6 +15,7 @@ from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.engine import build, resume_state, val_sets
+from yolo_cb.engine.backend import select_device
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
 from yolo_cb.engine.ema import ModelEMA
@@ -66,13 +67,12 @@ class Trainer:
         self.resume_ckpt: dict | None = None
         self.exception: BaseException | None = None
         self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
-        self.setup_done = False
 
     # --- the run state's fields under the names callbacks know (Ultralytics' where it has one) --------------------
     epochs, start_epoch, epoch = (state_field("progress", n) for n in ("epochs", "start_epoch", "epoch"))
     completed_epoch, batch_i, batches_done = (state_field("progress", n) for n in ("completed_epoch", "batch_i", "batches_done"))
     optimizer_steps, stepped, save_step_due = (state_field("progress", n) for n in ("optimizer_steps", "stepped", "save_step_due"))
-    loop_done, mid_epoch = state_field("progress", "loop_done"), state_field("progress", "mid_epoch")
+    loop_done, mid_epoch, setup_done = (state_field("progress", n) for n in ("loop_done", "mid_epoch", "setup_done"))
     loss_items, tloss = state_field("losses", "loss_items"), state_field("losses", "tloss")
     metrics, metrics_epoch = state_field("metrics", "values"), state_field("metrics", "epoch")
     fitness, monitor_value, lr = (state_field("metrics", n) for n in ("fitness", "monitor_value", "lr"))
@@ -83,7 +83,7 @@ class Trainer:
     model, ema, optimizer, criterion = (delegate("parts", n) for n in ("model", "ema", "optimizer", "criterion"))
     train_loader, test_loader, validator = (delegate("parts", n) for n in ("train_loader", "test_loader", "validator"))
     data, model_cfg, loss_names = (delegate("parts", n) for n in ("data", "model_cfg", "loss_names"))
-    frozen, num_batches = delegate("parts", "frozen"), delegate("parts", "num_batches")
+    frozen, num_batches, lr_schedule = (delegate("parts", n) for n in ("frozen", "num_batches", "lr_schedule"))
     batch, loss, batch_instances, batch_size_px = (delegate("step", n) for n in ("batch", "loss", "batch_instances", "batch_size_px"))
     scaler, amp_dtype, use_amp, accumulate = (delegate("step", n) for n in ("scaler", "amp_dtype", "use_amp", "accumulate"))
     last_opt_step, global_batch, warmup_iters = (delegate("step", n) for n in ("last_opt_step", "global_batch", "warmup_iters"))
@@ -228,8 +228,6 @@ class Trainer:
 
     # --- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:
-        from yolo_cb.engine.backend import select_device
-
         args = self.args
         self.place.join_distributed(args.device)
         if self.world_size == 1:

@@ -17,10 +17,17 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.data.loader import close_loaders
+from yolo_cb.config import Config, get_config
+from yolo_cb.data.dataset import YOLODataset
+from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
+from yolo_cb.data.resolve import check_data, missing_split_error
+from yolo_cb.data.transforms import LetterBox
 from yolo_cb.engine import coco_json, per_class
+from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.val_metrics import DetectionMetrics
-from yolo_cb.metrics import ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
+from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
+from yolo_cb.nn.postprocess import postprocess, scale_boxes
+from yolo_cb.utils import plotting
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
@@ -47,8 +54,6 @@ class Validator:
     """Validation over a loader; see the module docstring. Results: metrics, per_class, speed, stats."""
 
     def __init__(self, args=None, save_dir=None, callbacks: Callbacks | None = None, dataloader=None):
-        from yolo_cb.config import Config, get_config
-
         self.args = args if isinstance(args, Config) else get_config(dict(args or {}))
         self.save_dir = Path(save_dir) if save_dir else None
         self.callbacks = callbacks if callbacks is not None else Callbacks()
@@ -115,8 +120,6 @@ class Validator:
         """A Backend for `model` (or args.model); the loader from args.data unless one was given; the run dir."""
         from torch import nn
 
-        from yolo_cb.engine.backend import load_backend
-
         args = self.args
         self.training = False
         self._grad_ctx = torch.inference_mode
@@ -144,9 +147,6 @@ class Validator:
         return backend
 
     def _build_loader(self, backend):
-        from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
-        from yolo_cb.data.resolve import check_data
-
         args = self.args
         if not args.data:
             raise ValueError("Validator needs a dataset: pass data=... (a dataset YAML)")
@@ -156,15 +156,10 @@ class Validator:
         self.names = {int(k): str(v) for k, v in self.data["names"].items()}
         paths = self.data.get(split)
         if not paths:
-            from yolo_cb.data.resolve import missing_split_error
-
             raise missing_split_error(yaml_file, split)
         batch = backend.batch or args.batch
         try:
             if backend.imgsz:  # a static export: square (non-rect) letterbox at its fixed size, its fixed batch
-                from yolo_cb.data.dataset import YOLODataset
-                from yolo_cb.data.transforms import LetterBox
-
                 h, w = backend.imgsz
                 dataset = YOLODataset(paths, imgsz=max(h, w), names=self.names, augment=False, hyp=args, rect=False,
                                       batch_size=batch, stride=backend.stride, cache=args.cache, prefix=f"{split}: ")
@@ -264,15 +259,12 @@ class Validator:
         return torch.cat(outs)
 
     def postprocess(self, preds: torch.Tensor) -> list[torch.Tensor]:
-        from yolo_cb.nn.postprocess import postprocess
-
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
         return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms))
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""
-        from yolo_cb.nn.postprocess import scale_boxes
 
         targets = batch["targets"]
         for i, pred in enumerate(preds):
@@ -344,9 +336,6 @@ class Validator:
             LOGGER.info(f"Results saved to {self.save_dir}")
 
     def plot_metrics(self) -> list[Path]:
-        from yolo_cb.metrics import RECALL_THRESHOLDS
-        from yolo_cb.utils import plotting
-
         m, d = self.det_metrics, Path(self.save_dir)
         valid = m.classes_with_gt
         names = [self.names.get(int(c), str(c)) for c in valid]

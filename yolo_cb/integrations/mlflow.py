@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.utils.files import default_project
 from yolo_cb.utils.log import LOGGER
 
 # Applied only around our own MLflow calls, and only when the user has not set them: fail in seconds, not minutes.
@@ -52,7 +53,6 @@ def safe_key(key: str) -> str:
 
 def local_store(project: str | None) -> tuple[str, str]:
     """(tracking URI, artifact root URI) of the server-less store under `project` (default runs/detect)."""
-    from yolo_cb.utils.files import default_project
 
     root = (Path(project) if project else default_project()).resolve() / "mlruns"
     root.mkdir(parents=True, exist_ok=True)

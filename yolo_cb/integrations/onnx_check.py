@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.engine.checkpoint import model_from_checkpoint
+from yolo_cb.engine.ema import unwrap
+from yolo_cb.engine.exporter import compare, onnx_bytes
 from yolo_cb.utils.log import LOGGER
 
 
@@ -36,8 +39,6 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict
     import onnx
     import onnxruntime as ort
     import torch
-
-    from yolo_cb.engine.exporter import compare, onnx_bytes
 
     module = copy.deepcopy(model).cpu().float().eval()
     for p in module.parameters():
@@ -110,7 +111,6 @@ class OnnxCheck:
     def on_pretrain_routine_end(self, trainer):
         if not trainer.is_main:
             return
-        from yolo_cb.engine.ema import unwrap
 
         self.image = self._image(trainer)
         model = trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
@@ -120,7 +120,6 @@ class OnnxCheck:
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
         if not trainer.is_main or best is None or not best.is_file():
             return
-        from yolo_cb.engine.checkpoint import model_from_checkpoint
 
         if self.image is None:
             self.image = self._image(trainer)

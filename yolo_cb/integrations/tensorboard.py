@@ -14,6 +14,8 @@ import copy
 import warnings
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.engine.ema import unwrap
+from yolo_cb.integrations.visualize import image_tag, read_rgb
 from yolo_cb.utils.log import LOGGER
 
 GRAPH_IMGSZ = 64  # side of the zero image the graph is traced with (any multiple of 32 gives the same graph)
@@ -38,8 +40,6 @@ class TensorBoard:
     def add_graph(self, trainer) -> None:
         import torch
 
-        from yolo_cb.engine.ema import unwrap
-
         try:
             model = copy.deepcopy(unwrap(trainer.model)).float().cpu().eval()
             image = torch.zeros(1, 3, GRAPH_IMGSZ, GRAPH_IMGSZ)
@@ -61,8 +61,6 @@ class TensorBoard:
         self.writer.flush()
 
     def add_new_images(self, trainer) -> None:
-        from yolo_cb.integrations.visualize import image_tag, read_rgb
-
         for path in trainer.new_images:
             img = read_rgb(path)
             if img is not None:

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.data.verify import imread
+from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.log import LOGGER
 
 TRAIN_BATCHES = 3  # how many training batches are drawn
@@ -43,7 +45,6 @@ class Visualize:
     def on_train_batch_end(self, trainer):
         if not trainer.is_main or trainer.epoch != trainer.start_epoch or trainer.batch_i >= self.train_batches:
             return
-        from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 
         batch = trainer.batch
         path = Path(trainer.save_dir) / f"train_batch{trainer.batch_i}.jpg"
@@ -59,7 +60,6 @@ class Visualize:
             return
         if not self.due():
             return
-        from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 
         batch, save_dir, names = validator.batch, Path(validator.save_dir), _names(validator.names)
         labels = save_dir / "val_batch0_labels.jpg"
@@ -92,7 +92,6 @@ def image_tag(path: Path, epoch: int) -> tuple[str, int]:
 
 def read_rgb(path: Path):
     """An image file as an RGB HWC uint8 array, or None (with a debug line) when it cannot be read."""
-    from yolo_cb.data.verify import imread
 
     img = imread(str(path))
     if img is None:

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.integrations.visualize import image_tag
 from yolo_cb.utils.log import LOGGER
 
 LOG_EVERY = 10  # training batches between two logged batch losses
@@ -63,8 +64,6 @@ class WandB:
         if self.run is None:
             return
         import wandb
-
-        from yolo_cb.integrations.visualize import image_tag
 
         record = trainer.epoch_record
         values = {**record.train, **record.lr, "epoch": trainer.epoch, **(record.metrics if record.validated else {})}

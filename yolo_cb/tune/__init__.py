@@ -5,8 +5,8 @@ Importing this package needs no Optuna: it is imported when a tune starts, with 
 
 from __future__ import annotations
 
+from yolo_cb.tune.tuner import tune as run
+
 
 def tune(model, /, **kwargs) -> dict:
-    from yolo_cb.tune.tuner import tune as run
-
     return run(model, **kwargs)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from yolo_cb.errors import ConfigError
+from yolo_cb.integrations.mlflow import public_uri
 
 EXAMPLES = "e.g. sqlite:////abs/path/study.db or postgresql://user:pass@host:5432/db, or leave storage= empty for study.db in the tune folder"
 RACE_SIGNS = ("locked", "already exists", "UNIQUE constraint failed")  # several processes creating one new SQLite file's tables
@@ -18,7 +19,6 @@ RACE_SIGNS = ("locked", "already exists", "UNIQUE constraint failed")  # several
 
 def bad_storage(url: str, why: str) -> ConfigError:
     """The one-line error for an unusable storage= value (any password in it hidden)."""
-    from yolo_cb.integrations.mlflow import public_uri
 
     return ConfigError(f"storage={public_uri(url)!r}: {why}")
 

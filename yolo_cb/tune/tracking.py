@@ -14,6 +14,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from yolo_cb.integrations.mlflow import check_reachable, local_store, public_uri, quiet_mlflow, safe_key
 from yolo_cb.utils.log import LOGGER
 
 END_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}
@@ -35,7 +36,6 @@ class TuneTracker:
     def _guard(self, what: str, fn, *args):
         if not self.enabled:
             return None
-        from yolo_cb.integrations.mlflow import quiet_mlflow
 
         try:
             with quiet_mlflow():
@@ -51,8 +51,6 @@ class TuneTracker:
 
     def _start(self, params: dict) -> None:
         import mlflow
-
-        from yolo_cb.integrations.mlflow import check_reachable, local_store, public_uri, safe_key
 
         active = mlflow.active_run()
         if active is None:

@@ -21,7 +21,7 @@ from yolo_cb.config import ALIASES, coerce, get_config, load_defaults
 from yolo_cb.data.resolve import check_data
 from yolo_cb.engine.ddp import world_size_for
 from yolo_cb.engine.optim import resolve_optimizer
-from yolo_cb.engine.resume import dataset_fingerprint
+from yolo_cb.engine.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings
 from yolo_cb.errors import ConfigError, UserError, load_yaml
 from yolo_cb.integrations.mlflow import public_uri
 from yolo_cb.settings_schema import RULES
@@ -187,13 +187,15 @@ class Tuner:
         return record
 
     def _resumed_kwargs(self, record: dict, kwargs: dict) -> dict:
-        saved, defaults = dict(record["settings"]), load_defaults()
+        recorded, defaults = dict(record["settings"]), load_defaults()
+        # never code (callbacks=, an lr_scheduler naming a module) nor a place from the folder's record: docs/security.md
+        saved = resumable_settings(recorded, kwargs, Path(record["_folder"]) / RECORD)
         fixed = {k: v for k, v in kwargs.items() if k not in RESUME_MUTABLE | {"resume"}}
-        changed = sorted(k for k, v in fixed.items() if k == "space" or k not in saved or coerce(k, v, defaults.get(k)) != saved[k])
+        changed = sorted(k for k, v in fixed.items() if k == "space" or k not in recorded or coerce(k, v, defaults.get(k)) != recorded[k])
         if changed:
             raise ConfigError(f"cannot change {', '.join(changed)} when resuming the tune in {record['_folder']}: its trials would no longer be "
                               f"comparable. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE))}")
-        merged = {**saved, **{k: v for k, v in kwargs.items() if k in RESUME_MUTABLE}}
+        merged = {**saved, **{k: v for k, v in kwargs.items() if k in RESUME_MUTABLE or k in CODE_SETTINGS}}
         for key in ("iterations", "pruner", "tune_keep"):
             if key in record and key not in kwargs:
                 merged[key] = record[key]
