@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def with_hook(monkeypatch, hook):
         model.register_forward_hook(hook)
         return model
 
-    monkeypatch.setattr(yolo_cb.nn, "build_model", build)
+    for module in [m for name, m in sys.modules.items() if name.startswith("yolo_cb") and getattr(m, "build_model", None) is real]:
+        monkeypatch.setattr(module, "build_model", build)  # every module that imported it (yolo_cb.nn, engine/build, ...)
 
 
 @pytest.fixture(autouse=True)

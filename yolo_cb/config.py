@@ -337,7 +337,20 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     merged.update(overrides)
     sources = [base or {}, loaded if cfg_file else {}, overrides]
     merged["close_mosaic"] = merged["no_aug_epochs"] = resolve_close_mosaic(sources, defaults["close_mosaic"])
-    return _typed(merged, defaults)
+    return check_pairs(_typed(merged, defaults))
+
+
+def check_pairs(config: Config) -> Config:
+    """Settings that need another one: unfreeze_epoch= needs freeze= (without frozen layers it would do nothing);
+    average_best=k averages the files save_topk keeps, so needs k >= 2 and save_topk >= k."""
+    if config.unfreeze_epoch is not None and config.freeze is None:
+        raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
+                          f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
+    k = config.average_best
+    if k and (k < 2 or config.save_topk < k):
+        raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "
+                          f"an integer >= 2 and save_topk >= {k} (save_topk is {config.save_topk}), or 0 for off")
+    return config
 
 
 def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:

@@ -68,14 +68,16 @@ RULES: dict[str, Setting] = {
     "data": _k("text"), "cfg": _k("text"),
     # training
     "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
-    "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
-    "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R),
+    "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"),
+    "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
+    "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R), "average_best": _int(0, **R),
     "save_initial": _k("bool", **R), "save_epochs": _k("save_epochs", **R),
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
     "nproc": _int(1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
     "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
+    "unfreeze_epoch": _int(0),
     "grad_clip": _k("nonneg"), "channels_last": _k("bool"), "sync_bn": _k("bool"), "val": _k("bool", **R), "val_period": _int(1, **R),
     # optimisation
     "lr0": _k("positive"), "lrf": _k("fraction"), "momentum": _k("fraction"), "weight_decay": _k("nonneg"),
@@ -91,8 +93,8 @@ RULES: dict[str, Setting] = {
     "no_aug_epochs": _int(0), "next_stage_start_epoch": _int(0),
     # validation / prediction
     "split": _enum("train", "val", "test"), "conf": _k("fraction"), "iou": _k("fraction"), "max_det": _int(1),
-    "agnostic_nms": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "save_txt": _k("bool"),
-    "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "source": _k("free"),
+    "agnostic_nms": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
+    "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "source": _k("free"),
     "show_labels": _k("bool"), "line_width": _int(1),
     # export
     "format": _enum("onnx", "torchscript"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.engine.checkpoint import save_checkpoint, serialize_checkpoint
+from yolo_cb.engine.checkpoint import restore_best_weights, save_checkpoint, serialize_checkpoint
 from yolo_cb.engine.stop import StopCause
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
@@ -196,12 +196,17 @@ class Checkpoint:
 class EarlyStopping:
     """Stop when the monitored metric (monitor / monitor_mode / min_delta) has not improved for `patience` epochs (0 = off).
 
-    `patience` given here (`- early_stopping: {patience: 5}`) replaces the setting."""
+    `patience` given here (`- early_stopping: {patience: 5}`) replaces the setting; so does `restore_best_weights` (Keras'
+    name) the restore_best setting: after early stopping, trainer.model and its EMA hold best.pt's weights, and
+    YOLO.train() leaves the YOLO object on best.pt (False: on last.pt, the weights of the epoch it stopped at)."""
 
-    def __init__(self, patience: int | None = None):
+    def __init__(self, patience: int | None = None, restore_best_weights: bool | None = None):
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
             raise ValueError(f"early_stopping: patience={patience!r}, expected an integer >= 0")
+        if restore_best_weights is not None and not isinstance(restore_best_weights, bool):
+            raise ValueError(f"early_stopping: restore_best_weights={restore_best_weights!r}, expected true or false")
         self.patience = patience
+        self.restore = restore_best_weights
         self.best_fitness = None  # the best monitored value (fitness by default)
         self.best_epoch = 0
 
@@ -219,6 +224,14 @@ class EarlyStopping:
         if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
             trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement of {trainer.monitor.key} in {patience} epochs "
                                                            f"(best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
+
+    def on_pretrain_routine_start(self, trainer):
+        if self.restore is not None:
+            trainer.args.restore_best = self.restore  # YOLO.train() reads it for the weights it keeps
+
+    def on_train_end(self, trainer):
+        if trainer.args.restore_best and trainer.stop_cause == StopCause.EARLY_STOPPING:
+            restore_best_weights(trainer)
 
     def state_dict(self):
         return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from yolo_cb.data.download import download_dataset, is_url
 from yolo_cb.data.synthetic import generate_shapes
@@ -97,8 +98,23 @@ def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
     """The train/val paths that do not exist under ``root``."""
     out = []
     for key in ("train", "val"):
-        out += [p for p in _split_paths(cfg.get(key), root, key, yaml_file) or [] if not Path(p).exists()]
+        values = _val_sets(cfg, yaml_file).values() if key == "val" else [cfg.get(key)]
+        for value in values:
+            out += [p for p in _split_paths(value, root, key, yaml_file) or [] if not Path(p).exists()]
     return out
+
+
+def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
+    """`val:` as {name: split}: a mapping names several validation sets (each validated on its own, its metrics prefixed
+    with its name); a path or a list of paths is one set, "val" (a list joins its folders, as in Ultralytics)."""
+    value = cfg.get("val")
+    if not isinstance(value, dict):
+        return {"val": value}
+    bad = [k for k in value if not isinstance(k, str) or not k or "/" in k]
+    if not value or bad:
+        raise DatasetConfigError(f"{yaml_file}: 'val' as a mapping names validation sets {{name: path}}; "
+                                 f"{'it is empty' if not value else f'{bad[0]!r} is not a name (text without /)'}")
+    return dict(value)
 
 
 def _generate(spec, target: Path, yaml_file: Path) -> None:
@@ -227,9 +243,14 @@ def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
 def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: Path) -> dict:
     """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given."""
     out = {"yaml_file": str(yaml_file), "path": str(root)}
-    for key in SPLIT_KEYS:  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = _split_paths(cfg.get(key), root, key, yaml_file)
-        out[key] = paths[0] if paths and not isinstance(cfg.get(key), (list, tuple)) else paths
+    def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
+        paths = _split_paths(value, root, key, yaml_file)
+        return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
+
+    for key in SPLIT_KEYS:
+        out[key] = split(cfg.get(key), key) if key != "val" else None
+    out["val_sets"] = {name: split(value, f"val: {name}") for name, value in _val_sets(cfg, yaml_file).items()}
+    out["val"] = next(iter(out["val_sets"].values()))  # the first set: what a single-set reader of data["val"] gets
     out["names"], out["nc"] = names, len(names)
     if cfg.get("category_ids") is not None:
         ids = cfg["category_ids"]

@@ -20,7 +20,8 @@ from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
-from yolo_cb.engine.freeze import freeze_layers
+from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
+from yolo_cb.engine.val_sets import extra_sets, placeholder_keys
 from yolo_cb.engine.validator import Validator
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn import build_model as build
@@ -50,6 +51,8 @@ class Parts:
     model_cfg: dict = field(default_factory=dict)
     loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
     frozen: list[str] = field(default_factory=list)  # the modules freeze= froze (parameters and BatchNorm statistics as loaded)
+    extra_val: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (engine/val_sets.py)
+    ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
     lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
 
@@ -143,6 +146,10 @@ def build_loaders(trainer) -> None:
         split = parts.data.get(args.split if args.split != "train" else "val") or parts.data.get("val")
         val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
         parts.test_loader = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+        if args.split == "val":
+            for name, split in extra_sets(parts.data).items():
+                dataset = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+                parts.extra_val[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
 
 
 def wrap_distributed(trainer) -> None:
@@ -156,7 +163,21 @@ def wrap_distributed(trainer) -> None:
     elif trainer.args.sync_bn:
         LOGGER.warning("WARNING sync_bn=True needs CUDA (PyTorch's SyncBatchNorm runs on GPUs only); plain BatchNorm is used on CPU")
     ids = [device.index] if device.type == "cuda" else None
+    parts.ddp_trainable = trainable_count(parts.model)
     parts.model = DistributedDataParallel(parts.model, device_ids=ids, find_unused_parameters=False)
+
+
+def sync_trainable(trainer) -> None:
+    """After on_train_epoch_start: frozen BatchNorm statistics stay as loaded (those of unfrozen layers update again);
+    under DDP, a wrapper built for another set of trainable tensors is built again, on every rank at the same epoch
+    start (DDP all-reduces only the gradients of the tensors it registered)."""
+    parts = trainer.parts
+    model = unwrap(parts.model)
+    freeze_bn_stats(model, parts.frozen)
+    if trainer.world_size > 1 and trainable_count(model) != parts.ddp_trainable:
+        LOGGER.info(f"trainable tensors changed ({parts.ddp_trainable} -> {trainable_count(model)}): DDP wrapper rebuilt")
+        parts.model = model
+        wrap_distributed(trainer)
 
 
 def build_validator(trainer) -> None:
@@ -165,10 +186,12 @@ def build_validator(trainer) -> None:
     trainer.parts.validator = validator
 
 
-def placeholder_metrics(loss_names: tuple[str, ...]) -> dict[str, float]:
-    """NaN for every metric a validation gives: what a callback reading one before the first validation gets."""
+def placeholder_metrics(loss_names: tuple[str, ...], data: dict | None = None) -> dict[str, float]:
+    """NaN for every metric a validation gives (of every validation set): what a callback reading one before the first
+    validation gets."""
     keys = [f"metrics/{n}" for n in METRIC_NAMES] + ["fitness"] + [f"val/{n}" for n in loss_names]
-    return dict.fromkeys(keys, float("nan"))
+    values = dict.fromkeys(keys, float("nan"))
+    return {**values, **placeholder_keys(data or {}, values)}
 
 
 def refuse_unread_loss_settings(args: Config, criterion) -> None:

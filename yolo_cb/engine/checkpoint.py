@@ -26,6 +26,7 @@ from yolo_cb import nn as detectors  # build_model read at call time (tests wrap
 from yolo_cb.errors import CheckpointError, os_reason, short_repr
 from yolo_cb.nn.yolox import megvii
 from yolo_cb.utils.files import atomic_write_bytes
+from yolo_cb.utils.log import LOGGER
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -215,6 +216,20 @@ def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = Fal
     load_weights_strictly(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, where)
     model.names = names
     return model.float().eval()
+
+
+def restore_best_weights(trainer) -> bool:
+    """Load best.pt's weights into trainer.model and its EMA (restore_best); False when there is no best.pt."""
+    best = trainer.best
+    if best is None or not best.is_file():
+        return False
+    ckpt = load_checkpoint(best)
+    model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
+    load_weights_strictly(model, ckpt["model"], f"checkpoint '{best}'")
+    if trainer.ema is not None and ckpt.get("ema"):
+        load_weights_strictly(trainer.ema.ema, ckpt["ema"], f"checkpoint '{best}'")
+    LOGGER.info(f"restore_best: the model holds best.pt's weights (epoch {int(ckpt['epoch']) + 1}), not those of the last epoch")
+    return True
 
 
 def load_weights_strictly(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:

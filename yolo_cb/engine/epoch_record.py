@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from yolo_cb.engine.per_class import is_per_class
+
 
 @dataclass(frozen=True)
 class EpochRecord:
@@ -32,8 +34,10 @@ class EpochRecord:
         return self.metrics.get("fitness")
 
     def row(self) -> dict[str, float | int]:
-        """results.csv's row: epoch, time, train losses, metrics (the latest, validated this epoch or not), lrs, phase times."""
-        return {"epoch": self.epoch, "time": self.time, **self.train, **self.metrics, **self.lr, **self.times}
+        """results.csv's row: epoch, time, train losses, metrics (the latest, validated this epoch or not), lrs, phase times;
+        the per_class/ keys are in results_per_class.csv instead (engine/per_class.py)."""
+        metrics = {k: v for k, v in self.metrics.items() if not is_per_class(k)}
+        return {"epoch": self.epoch, "time": self.time, **self.train, **metrics, **self.lr, **self.times}
 
     def scalars(self) -> dict[str, float]:
         """What the trackers log per epoch: train losses, lrs, phase times and, for an epoch that validated, the metrics."""

@@ -11,9 +11,16 @@ over the modules of our two families (see docs/pretrained.md, "Freezing layers")
 So freeze=5 freezes the backbone of either family (Ultralytics' freeze=10 on YOLOv8/YOLO11). A list names modules by
 their dotted path in `model.named_modules()` (e.g. [backbone.backbone.stem, backbone.backbone.dark2]).
 
-A frozen parameter gets requires_grad=False, so it has no gradient, is in no optimizer group (no weight decay) and
-stays bit-identical. BatchNorm layers inside frozen modules are kept in eval mode, so their running statistics stay
+A frozen parameter gets requires_grad=False, so it has no gradient: the optimizer, which holds it in its group like
+every other parameter, skips it (no step, no weight decay, no state) and it stays bit-identical. BatchNorm layers inside
+frozen modules whose own parameters are all still frozen are kept in eval mode, so their running statistics stay
 bit-identical too (Ultralytics lets them drift; here frozen means frozen).
+
+Unfreezing is setting requires_grad=True again (`unfreeze_modules`, the `unfreeze` callback, or a user's callback): from
+the next optimizer step the tensor trains at its group's current LR, with fresh optimizer state (momentum / Adam moments
+start at zero, as for a new parameter); its BatchNorm statistics follow from the next epoch on (engine/build.py `sync_trainable`, after
+on_train_epoch_start). Under DDP the wrapper registers only trainable tensors when it is built, so `sync_trainable`
+builds it again when the set changed (on every rank, at the same epoch start).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from yolo_cb.errors import ConfigError
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 
-__all__ = ["freeze_bn_stats", "freeze_layers", "layer_order", "parse_freeze"]
+__all__ = ["freeze_bn_stats", "freeze_layers", "layer_order", "parse_freeze", "trainable_count", "unfreeze_modules"]
 
 YOLOX_LAYERS = ("backbone.backbone.stem", "backbone.backbone.dark2", "backbone.backbone.dark3", "backbone.backbone.dark4",
                 "backbone.backbone.dark5", "backbone.lateral_conv0", "backbone.C3_p4", "backbone.reduce_conv1", "backbone.C3_p3",
@@ -82,9 +89,31 @@ def layer_order_or_empty(model: nn.Module) -> tuple[str, ...]:
 
 
 def freeze_bn_stats(model: nn.Module, names: list[str]) -> None:
-    """Put the normalisation layers of frozen modules in eval mode (call after model.train())."""
+    """Put the normalisation layers of frozen modules in eval mode (call after model.train()); a layer whose parameters
+    were unfrozen since (requires_grad=True on any of them) updates its statistics again."""
     modules = dict(model.named_modules())
     for name in names:
         for module in modules[name].modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and not any(p.requires_grad for p in module.parameters()):
                 module.eval()
+
+
+def unfreeze_modules(model: nn.Module, names: list[str]) -> int:
+    """requires_grad=True on every parameter of the named modules; returns how many tensors were frozen before."""
+    modules = dict(model.named_modules())
+    missing = [name for name in names if name not in modules]
+    if missing:
+        raise ConfigError(f"invalid value for 'unfreeze': {missing[0]!r} is not a module of this model."
+                          f"{did_you_mean(missing[0], [n for n in modules if n])}")
+    count = 0
+    for name in names:
+        for param in modules[name].parameters():
+            if not param.requires_grad:
+                param.requires_grad_(True)
+                count += 1
+    return count
+
+
+def trainable_count(model: nn.Module) -> int:
+    return sum(1 for p in model.parameters() if p.requires_grad)
+

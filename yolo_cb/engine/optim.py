@@ -9,13 +9,14 @@ from yolo_cb.utils.log import LOGGER
 
 
 def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
-    """(weights with decay, normalisation weights without decay, biases without decay)."""
+    """(weights with decay, normalisation weights without decay, biases without decay).
+
+    Frozen parameters (requires_grad=False) are in their groups too: without a gradient the optimizer skips them (no step,
+    no weight decay, no state), and once a callback or unfreeze_epoch= sets requires_grad=True they train at the group's LR."""
     decay, norm, bias = [], [], []
     norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
-                continue
             if name == "bias":
                 bias.append(param)
             elif isinstance(module, norm_types):
@@ -48,6 +49,9 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
     optimizer.add_param_group({"params": norm, "weight_decay": 0.0})
     for group in optimizer.param_groups:
         group["initial_lr"] = lr
-    LOGGER.info(f"optimizer: {name}(lr={lr}, momentum={momentum}) with groups: {len(bias)} biases, {len(decay)} weights (decay {weight_decay:.3g}), {len(norm)} norm weights")
+    frozen = sum(1 for group in (decay, norm, bias) for p in group if not p.requires_grad)
+    note = f"; {frozen} of them frozen (no gradient, so no step until requires_grad is set)" if frozen else ""
+    LOGGER.info(f"optimizer: {name}(lr={lr}, momentum={momentum}) with groups: {len(bias)} biases, {len(decay)} weights "
+                f"(decay {weight_decay:.3g}), {len(norm)} norm weights{note}")
     return optimizer
 

@@ -77,7 +77,7 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
     if _not_set(overrides.get("resume")):
         return overrides, None
     args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
-    return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt))
+    return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt) and not extends_finished_run(ckpt, args, overrides))
 
 
 def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
@@ -143,10 +143,12 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     record = Checkpoint.from_dict(ckpt, path)
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
-    finished = record.finished
+    finished = record.finished and not extends_finished_run(record, None, overrides)
     saved = resumable_settings(dict(record.train_args or {}), given, path, trains=not finished)  # no code, no place to write
     requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
     requested.resume = str(path)
+    if "epochs" in overrides:
+        check_resume_epochs(record, requested, path)
     if finished:
         return requested, ckpt, path
     if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
@@ -155,27 +157,50 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     if changed:
         raise ConfigError(f"cannot change {', '.join(f'{k}={overrides[k]!r} (was {saved[k]!r})' for k in changed)} when resuming {path}: "
                           f"that would change what is being trained. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE - {'resume', 'mode'}))}")
-    if record.epochs is not None and requested.epochs < int(record.epochs):
-        raise ConfigError(f"epochs={requested.epochs} is smaller than the checkpoint's {record.epochs}; only a larger epochs may be given on resume")
     check_resume_model(model, record, path)
     check_resume_data(requested, record, path)
     requested.exist_ok = True
     return requested, ckpt, path
 
 
+# --- another length: epochs= on resume ----------------------------------------------------------------------------------
+def extends_finished_run(ckpt: Checkpoint | dict, args: Config | None, overrides: dict[str, Any]) -> bool:
+    """Whether resume= of a finished run trains further: epochs= given and more than the epochs it trained."""
+    if "epochs" not in overrides:
+        return False
+    ckpt = Checkpoint.of(ckpt)
+    epochs = args.epochs if args is not None else coerce("epochs", overrides["epochs"])
+    return int(epochs) > int(ckpt.epoch) + 1
+
+
+def check_resume_epochs(ckpt: Checkpoint, args: Config, path: Path) -> None:
+    """epochs= on resume: any value that keeps the epochs already trained (a longer or a shorter run: the LR schedule and
+    close_mosaic are computed for the new length, see docs/cli.md); fewer is refused with one line."""
+    done = int(ckpt.epoch) + 1 + (1 if ckpt.epoch_batches else 0)  # a mid-epoch checkpoint: its epoch is under way
+    if args.epochs < done:
+        raise ConfigError(f"invalid value for 'epochs': {args.epochs} on resume of {path}, which has trained {done} epochs"
+                          f"{' (the last one partly)' if ckpt.epoch_batches else ''}; give epochs >= {done}")
+    total = int(ckpt.epochs) if ckpt.epochs is not None else args.epochs
+    trains = not ckpt.finished or args.epochs > int(ckpt.epoch) + 1
+    if trains and args.epochs != total and rank() in (-1, 0):
+        fresh = "; the optimizer state was dropped when the run finished, so it starts fresh (momentum, Adam moments)" \
+            if ckpt.optimizer is None else ""
+        LOGGER.info(f"resume: the run of {total} epochs continues as a run of {args.epochs} (recorded in args.yaml and the "
+                    f"checkpoints); the LR schedule and close_mosaic follow the new length from epoch {int(ckpt.epoch) + 2}{fresh}")
+
+
 def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
-    """resume= of a run that ended: nothing to train and nothing written; says how to train further. Returns (its saved
-    metrics, the weights to use from now on: best.pt, else the checkpoint); ResumeError when epochs= asks for more."""
+    """resume= of a run that ended, without a larger epochs= (which trains it further: extends_finished_run): nothing to
+    train and nothing written; says how to train further. Returns (its saved metrics, the weights to use from now on:
+    best.pt, else the checkpoint)."""
 
     args, ckpt, path = resumed.args, Checkpoint.of(resumed.ckpt, resumed.path), resumed.path
     done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
     how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
     best = path.parent / "best.pt"
     weights = best if best.is_file() else path
-    hint = f"start a new run from its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))"
-    if "epochs" in overrides and args.epochs > total:
-        raise ResumeError(f"{path} is from a finished run ({how}); resume cannot extend it to epochs={args.epochs} "
-                          f"(its optimizer state was dropped at the end). To train further, {hint}")
+    hint = (f"resume it with a larger epochs= (yolo-cb train resume={path} epochs={total + max(total, 1)}), or start a new run from "
+            f"its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))")
     LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
                 f"To train further (fine-tune), {hint}")
     return DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights

@@ -15,13 +15,12 @@ from typing import Any
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
-from yolo_cb.engine import build, resume_state
+from yolo_cb.engine import build, resume_state, val_sets
 from yolo_cb.engine.backend import select_device
 from yolo_cb.engine.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.engine.checkpointer import Checkpointer
-from yolo_cb.engine.ema import ModelEMA, unwrap
+from yolo_cb.engine.ema import ModelEMA
 from yolo_cb.engine.epoch_record import EpochOutput, EpochRecord
-from yolo_cb.engine.freeze import freeze_bn_stats
 from yolo_cb.engine.monitor import Monitor
 from yolo_cb.engine.place import Place, make_save_dir
 from yolo_cb.engine.run_state import Clock, Progress, RunState, delegate, state_field
@@ -194,7 +193,7 @@ class Trainer:
         finally:
             self.signals.restore()
             self.run_callbacks("teardown")
-            close_loaders(self.train_loader, self.test_loader)
+            close_loaders(self.train_loader, self.test_loader, *self.parts.extra_val.values())
             self.place.leave_distributed(self, clean_exit=self.exception is None)
             restore_process_state(previous_state, LOGGER)
             self.place.release()
@@ -261,7 +260,7 @@ class Trainer:
         build.wrap_distributed(self)
         build.build_validator(self)
         if self.metrics_epoch is None and not self.metrics:
-            self.metrics = build.placeholder_metrics(self.loss_names)
+            self.metrics = build.placeholder_metrics(self.loss_names, self.data)
             self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
@@ -274,8 +273,8 @@ class Trainer:
     # --- epoch / batch ------------------------------------------------------------------
     def _train_epoch(self) -> None:
         self.model.train()
-        freeze_bn_stats(unwrap(self.model), self.frozen)  # frozen layers' BatchNorm keeps its running statistics
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
+        build.sync_trainable(self)  # after it: a callback may unfreeze here; frozen BatchNorm keeps its statistics
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.tloss = None
@@ -316,7 +315,7 @@ class Trainer:
         self.improved = False
         if self._should_validate():
             start = perf_counter()
-            metrics = self.validator(trainer=self) if self.is_main else None
+            metrics = val_sets.validate_sets(self) if self.is_main else None  # every validation set (one, usually)
             metrics = distributed.broadcast_object(metrics)
             self.clock.spent("val", start)
             self.metrics, self.metrics_epoch = dict(metrics), self.epoch

@@ -22,7 +22,7 @@ from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
 from yolo_cb.data.resolve import check_data, missing_split_error
 from yolo_cb.data.transforms import LetterBox
-from yolo_cb.engine import coco_json
+from yolo_cb.engine import coco_json, per_class
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
@@ -61,6 +61,7 @@ class Validator:
         self.dataloader = dataloader
         self.plot = False  # the trainer sets it for the final validation (plots, json) of best.pt
         self.trainer = None  # the trainer when validating during training (set by it): validator callbacks reach its state
+        self.set_name: str | None = None  # the validation set after the first being validated (engine/val_sets.py); None: the first
         self.training = False
         self.device = torch.device("cpu")
         self.model = None
@@ -301,6 +302,8 @@ class Validator:
         self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix)
         self.per_class = m.per_class
         self.fitness = m.fitness
+        if self.training and per_class.wanted(self.args.per_class, self.nc):  # trainer.metrics; val() keeps Ultralytics' keys
+            self.metrics.update(per_class.metric_keys(self.per_class))  # per_class/<name>/<metric>: engine/per_class.py
 
     # --- reporting ------------------------------------------------------------------------------
     def print_results(self) -> None:
@@ -320,6 +323,8 @@ class Validator:
 
     def save_outputs(self) -> None:
         final = not self.training or self.plot
+        if self.save_dir is not None and self.args.save and (self.training or self.trainer is None):  # not best.pt's final check
+            per_class.write(self.save_dir, self.per_class, getattr(self.trainer, "epoch", 0) + 1 if self.training else None, self.set_name)
         if self.args.plots and final and self.save_dir is not None:
             try:
                 self.plots.update({Path(f): {"data": None, "timestamp": time.time()} for f in self.plot_metrics() if f})

@@ -1,0 +1,78 @@
+"""worst_batches=k: after each validation in training, the k validation images with the lowest per-image AP are drawn
+(labels | predictions) and handed to the loggers; the chosen images really are the worst."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import pytest
+from conftest import TINY
+
+from yolo_cb import YOLO
+from yolo_cb.metrics import DetMetrics
+
+pytestmark = pytest.mark.slow
+K = 3
+
+
+def ap_of(stat: dict, nc: int) -> float:
+    m = DetMetrics(nc)
+    m.update(stat["pred_boxes"], stat["pred_scores"], stat["pred_cls"], stat["gt_boxes"], stat["gt_cls"], key=stat["im_file"])
+    return float(m.compute().map)
+
+
+def worst_callback(model):
+    return next(e.owner for e in model.trainer.callbacks.entries("on_val_end") if type(e.owner).__name__ == "WorstImages")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, shapes_small_yaml):
+    root = tmp_path_factory.mktemp("worst")
+    seen = {}
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_val_end", lambda v: v.training and seen.update(stats=list(v.stats), nc=v.nc))
+    model.add_callback("on_fit_epoch_end", lambda t: seen.update(images=list(t.new_images)))
+    model.train(**{**TINY, "epochs": 2, "worst_batches": K, "data": str(shapes_small_yaml), "project": str(root), "name": "exp"})
+    return root / "exp", seen, model
+
+
+def test_the_chosen_images_are_the_worst(run):
+    folder, seen, model = run
+    scores = sorted((ap_of(s, seen["nc"]), s["im_file"]) for s in seen["stats"] if len(s["gt_cls"]))
+    callback = worst_callback(model)
+    chosen = callback.worst
+    assert len(chosen) == K
+    assert [ap for _, ap in chosen] == pytest.approx([ap for ap, _ in scores[:K]])  # the K lowest per-image APs
+    assert max(ap for _, ap in chosen) <= min(ap for ap, f in scores if f not in {c for c, _ in chosen})
+
+
+def test_they_are_drawn_side_by_side_and_reach_the_loggers(run):
+    folder, seen, model = run
+    files = sorted((folder / "worst").glob("epoch2_*.jpg"))
+    assert len(files) == K and set(files) <= set(map(Path, seen["images"]))
+    callback = worst_callback(model)
+    for (im_file, _), path in zip(callback.worst, sorted(files, key=lambda p: int(p.name.split("_")[1])), strict=True):
+        original, drawn = cv2.imread(im_file), cv2.imread(str(path))
+        assert Path(im_file).stem in path.name and drawn.shape == (original.shape[0], 2 * original.shape[1], 3)
+
+
+def test_the_ranking_on_known_answers(run):
+    """The run's real validation records, with predictions replaced: perfect (the labels) for all images but three, which
+    keep one label of their labels as their only prediction (AP < 1), none at all (AP 0), or a wrong class (AP 0)."""
+    import numpy as np
+
+    from yolo_cb.integrations.worst_images import worst
+
+    _, seen, _ = run
+    stats = [dict(s) for s in seen["stats"] if len(s["gt_cls"]) >= 2]
+    assert len(stats) >= 6
+    for s in stats:
+        s["pred_boxes"], s["pred_scores"], s["pred_cls"] = s["gt_boxes"].copy(), np.full(len(s["gt_cls"]), 0.9), s["gt_cls"].copy()
+    partial, empty, wrong = stats[1], stats[3], stats[4]
+    partial.update(pred_boxes=partial["gt_boxes"][:1], pred_scores=np.array([0.9]), pred_cls=partial["gt_cls"][:1])
+    empty.update(pred_boxes=np.zeros((0, 4)), pred_scores=np.zeros(0), pred_cls=np.zeros(0, dtype=int))
+    wrong.update(pred_cls=(wrong["gt_cls"] + 1) % seen["nc"])
+    chosen = worst(stats, seen["nc"], K)
+    assert {s["im_file"] for s, _ in chosen} == {partial["im_file"], empty["im_file"], wrong["im_file"]}
+    assert chosen[-1][0] is partial and 0 < chosen[-1][1] < 1 and chosen[0][1] == 0

@@ -1,0 +1,57 @@
+"""Several validation sets: `val:` in a data YAML as a mapping of names to splits.
+
+    val: {day: images/val_day, night: images/val_night}      # data YAML
+    yolo-cb train data=that.yaml monitor=night/metrics/mAP50-95(B)
+
+Each set is validated after each validated epoch. Every set's metrics are in trainer.metrics under `<name>/<key>`
+(`night/metrics/mAP50(B)`, `night/fitness`, `night/val/iou_loss`, ...); the first set's also under the plain keys, so
+`monitor=fitness` (the default) follows the first set, and code that reads Ultralytics' keys reads the first set.
+results.csv and every logger carry them all (they read trainer.metrics); each set after the first writes its per-class
+table to results_per_class_<name>.csv. A path or a list of paths under `val:` stays one set (a list joins its folders,
+as in Ultralytics). The final validation of best.pt is on the first set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def extra_sets(data: dict) -> dict[str, Any]:
+    """The validation sets after the first one, {name: split} (empty for a single set)."""
+    sets = dict(data.get("val_sets") or {})
+    return dict(list(sets.items())[1:]) if len(sets) > 1 else {}
+
+
+def first_name(data: dict) -> str | None:
+    sets = data.get("val_sets") or {}
+    return next(iter(sets)) if len(sets) > 1 else None
+
+
+def prefixed(name: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{name}/{k}": v for k, v in metrics.items()}
+
+
+def placeholder_keys(data: dict, metrics: dict[str, float]) -> dict[str, float]:
+    """The NaN placeholders of every set (`<name>/<key>`), so that monitor= can name a set's metric before epoch 1."""
+    names = ([first_name(data)] if first_name(data) else []) + list(extra_sets(data))
+    return {key: value for name in names for key, value in prefixed(name, metrics).items()}
+
+
+def validate_sets(trainer) -> dict[str, float]:
+    """Validate the first set (the validator's own loader), then every other set; one metrics dict with all of them."""
+    validator, parts = trainer.validator, trainer.parts
+    result = validator(trainer=trainer)
+    first = first_name(parts.data)
+    if first is None:
+        return dict(result)
+    out = {**result, **prefixed(first, result)}
+    own = parts.test_loader
+    try:
+        for name, loader in parts.extra_val.items():
+            parts.test_loader = loader  # the validator validates trainer.test_loader
+            validator.set_name = name  # callbacks on on_val_* see which set; per-class rows go to its own CSV
+            out.update(prefixed(name, dict(validator(trainer=trainer))))
+    finally:
+        parts.test_loader, validator.set_name = own, None
+        validator.dataloader, validator.metrics = own, result  # validator.metrics: the first set's, as without extra sets
+    return out
