@@ -25,9 +25,9 @@ VARIANTS = ["onnx", "onnx_half", "onnx_int8", "openvino", "openvino_half", "open
 
 @pytest.fixture(scope="session")
 def fitted(tmp_path_factory, shapes_dir):
-    """(best.pt, data YAML): YOLOX-nano overfit on 8 shapes images at imgsz 64 (train = val), so that it detects."""
+    """(best.pt, data YAML): YOLOX-nano overfit on 16 shapes images at imgsz 64 (train = val), so that it detects."""
     folder = tmp_path_factory.mktemp("export_formats")
-    images = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:8]
+    images = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:16]
     (folder / "imgs.txt").write_text("\n".join(map(str, images)) + "\n")
     data = folder / "data.yaml"
     data.write_text(f"path: {folder}\ntrain: imgs.txt\nval: imgs.txt\nnames: [circle, rectangle, triangle, cross]\n")
