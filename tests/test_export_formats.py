@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import yolo_cb.nn
 from yolo_cb import YOLO
 from yolo_cb.engine.export_verify import MAP_TOL, side_by_side
 from yolo_cb.engine.exporter import Exporter
@@ -94,7 +96,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, says", [
     (["format=tflite2"], "format"),
     (["format=onnx", "int8=True"], "int8=True needs data="),
-    (["format=onnx", "imgsz=65"], "multiple of the model's stride"),
+    (["format=onnx", "imgsz=65"], "expected a multiple of 32"),
     (["format=onnx", "nms=True", "opset=10"], "NonMaxSuppression needs opset 11"),
 ])
 def test_bad_export_settings_one_line_exit_2(args, says, fitted, tmp_path):
@@ -128,9 +130,41 @@ def test_benchmark_prints_its_table(fitted, tmp_path):
     assert csv[0].startswith("format,file,size_mb,mAP50-95,drop,ms_per_image,threads") and len(csv) == 4
 
 
-def test_export_check_writes_its_csv_after_training(fitted, tmp_path):
+def test_export_check_writes_its_csv_and_logs_to_mlflow(fitted, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
     _, data = fitted
-    YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1}, export_check="onnx,openvino")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the integration's own local store: <project>/mlruns
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1, "mlflow": True},
+                                  export_check="onnx,openvino")
     rows = (tmp_path / "run" / "export_check.csv").read_text().splitlines()
     assert rows[0] == "variant,file,mAP50-95,pytorch,drop,ok,error" and len(rows) == 3
     assert rows[1].startswith("onnx,best.onnx,") and rows[2].startswith("openvino,best_openvino_model,")
+    client = MlflowClient(uri)
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    assert {"export_check/onnx/mAP50-95", "export_check/openvino/drop"} <= set(run.data.metrics)
+    assert "export_check.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def differs_when_traced(module, inputs, output):
+    """Adds 0.5 to the eval output except while being traced (exported): every export of such a model is broken."""
+    if isinstance(output, torch.Tensor) and not torch.jit.is_tracing():
+        return output + 0.5
+    return output
+
+
+def test_export_check_strict_fails_the_run_on_a_broken_export(fitted, tmp_path, monkeypatch):
+    real = yolo_cb.nn.build_model
+
+    def build(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.register_forward_hook(differs_when_traced)
+        return model
+
+    monkeypatch.setattr(yolo_cb.nn, "build_model", build)  # the planted fault: PyTorch and the exported graph disagree
+    _, data = fitted
+    with pytest.raises(Exception, match=r"export check: onnx cannot be exported .*differs from PyTorch.*export_check_strict=true"):
+        YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1},
+                                      export_check="onnx", export_check_strict=True)
+    assert "ExportError" in (tmp_path / "run" / "export_check.csv").read_text()

@@ -67,15 +67,32 @@ class _Reader:
         return next(self.items, None)
 
 
+ACTIVATIONS = {"Sigmoid", "Mul", "Relu", "LeakyRelu", "HardSwish", "HardSigmoid", "Clip", "PRelu", "Elu", "Tanh"}
+
+
+def prediction_convs(proto: Any) -> list[str]:
+    """Names of the Conv nodes with no activation after them: the head's box / objectness / class predictions, whose
+    outputs are the detections themselves (kept in float by int8_onnx)."""
+    consumers: dict[str, set[str]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    return [n.name for n in proto.graph.node if n.op_type == "Conv" and not consumers.get(n.output[0], set()) & ACTIVATIONS]
+
+
 def int8_onnx(fp32_file: Path, out_file: Path, images: list[np.ndarray]) -> None:
-    """Static int8 quantization (QDQ, per-channel int8 weights, uint8 activations) of the convolutions of fp32_file."""
+    """Static int8 quantization (QDQ, per-channel int8 weights, uint8 activations) of the convolutions of fp32_file but
+    the prediction convolutions (see prediction_convs), activation ranges from the 99.999th percentile of the calibration
+    values. Measured on the test model (mAP50-95 0.3091 in PyTorch): MinMax 0.2866, MinMax without the prediction convs
+    0.2870, Entropy 0.2870, MinMax with moving average 0.2899, Percentile 0.3067 (drop 0.0024)."""
+    import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     name = ort.InferenceSession(str(fp32_file), providers=["CPUExecutionProvider"]).get_inputs()[0].name
     quantize_static(str(fp32_file), str(out_file), _Reader(name, images), quant_format=QuantFormat.QDQ, per_channel=True,
                     weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8, op_types_to_quantize=["Conv"],
-                    calibrate_method=CalibrationMethod.MinMax)
+                    nodes_to_exclude=prediction_convs(onnx.load(str(fp32_file))), calibrate_method=CalibrationMethod.Percentile)
 
 
 def openvino_model(onnx_file: Path, images: list[np.ndarray] | None) -> Any:

@@ -51,7 +51,8 @@ class NMSWrapper(nn.Module):
         boxes = torch.cat((cxcy - wh / 2, cxcy + wh / 2), dim=-1)  # (B, A, 4) xyxy
         prob, cls = y[..., 5:].max(dim=-1)
         score = y[..., 4] * prob  # (B, A)
-        shift = cls.to(boxes.dtype)[..., None] * (boxes.detach().abs().amax() + 1.0)  # each class in a region of its own
+        reach = boxes.detach().abs().flatten(1).amax(1)[:, None, None] + 1.0  # per image, beyond every coordinate
+        shift = cls.to(boxes.dtype)[..., None] * reach  # each class in a region of its own
         picked = _BatchedNMS.apply(boxes + shift, score[:, None], self.iou, NMS_FLOOR)
         kept = torch.zeros_like(score).index_put((picked[:, 0], picked[:, 2]), score[picked[:, 0], picked[:, 2]])
         k = min(self.max_det, y.shape[1])

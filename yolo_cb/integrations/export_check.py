@@ -1,6 +1,7 @@
 """Export check (export_check=onnx,openvino_int8, export_check_tol, export_check_strict): at the end of training best.pt
 is exported to each variant, each export is validated on the val split next to PyTorch (the same letterboxed images),
-and the rows go to export_check.csv in the run folder (MLflow uploads it with the run's files):
+and the rows go to export_check.csv in the run folder, and to the run's loggers as `export_check/<variant>/mAP50-95` and
+`.../drop` (MLflow metrics, TensorBoard scalars, W&B summary values; MLflow also uploads the CSV with the run's files):
 
     export check: onnx_int8 mAP50-95 0.3021 vs PyTorch 0.3090 (drop 0.0069) — OK
 
@@ -60,6 +61,7 @@ class ExportCheck:
                 row["error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
             self.rows.append(row)
         self._write(Path(trainer.save_dir) / "export_check.csv")
+        self._log(trainer)
         self._judge(bool(args.export_check_strict), float(args.export_check_tol))
 
     def _write(self, file: Path) -> None:
@@ -67,6 +69,22 @@ class ExportCheck:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(self.rows)
+
+    def _log(self, trainer) -> None:
+        """The figures to the loggers of this run that are still open (they end at their own on_train_end, after this one:
+        integrations run in the order of their file names)."""
+        figures = {f"export_check/{r['variant']}/{key}": float(r[key]) for r in self.rows if not r["error"] for key in ("mAP50-95", "drop")}
+        step = max(int(trainer.epoch), 0)
+        for entry in trainer.callbacks.entries("on_train_end"):
+            owner = entry.owner
+            if getattr(owner, "run_id", None) and getattr(owner, "client", None) is not None:  # MLflow
+                for key, value in figures.items():
+                    owner.client.log_metric(owner.run_id, key, value, step=step)
+            elif getattr(owner, "writer", None) is not None:  # TensorBoard
+                for key, value in figures.items():
+                    owner.writer.add_scalar(key, value, step)
+            elif getattr(owner, "run", None) is not None and hasattr(owner.run, "summary"):  # W&B
+                owner.run.summary.update(figures)
 
     def _judge(self, strict: bool, tol: float) -> None:
         for row in self.rows:
