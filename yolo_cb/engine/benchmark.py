@@ -83,8 +83,8 @@ def benchmark(args: Config) -> list[dict[str, Any]]:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    LOGGER.info(table(rows) + f"\nbenchmark.csv: {save}")
     print(table(rows))
+    LOGGER.info(f"benchmark.csv: {save}")
     return rows
 
 

@@ -237,7 +237,7 @@ class Exporter:
 
     def _target(self, fmt: str, weights: Path | None, module: nn.Module) -> Path:
         stem = weights.stem if weights is not None else str(getattr(module, "name", "yolox")).lower() or "yolox"
-        stem += "_int8" if self.args.int8 else "_half" if self.args.half else ""
+        stem += ("_int8" if self.args.int8 else "_half" if self.args.half else "") + ("_nms" if self.args.nms else "")
         name = {"onnx": f"{stem}.onnx", "torchscript": f"{stem}.torchscript", "openvino": f"{stem}_openvino_model"}[fmt]
         return (weights.parent if weights is not None else Path(self.args.project or ".")) / name
 
