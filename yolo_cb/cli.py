@@ -18,14 +18,14 @@ from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
-MODES = ("train", "val", "predict", "export", "tune")
+MODES = ("train", "val", "predict", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
 
 Usage:
-  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune
+  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune benchmark
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb help | version
@@ -36,6 +36,7 @@ Examples:
   yolo-cb val model=runs/detect/train/weights/best.pt data=shapes.yaml
   yolo-cb export model=runs/detect/train/weights/best.pt format=onnx
   yolo-cb predict model=runs/detect/train/weights/best.onnx source=path/to/images
+  yolo-cb benchmark model=runs/detect/train/weights/best.pt data=shapes.yaml formats=onnx,onnx_int8,openvino
   yolo-cb tune data=shapes.yaml iterations=8 epochs=5 imgsz=128   (needs pip install 'yolo-cb[tune]')
   torchrun --nproc_per_node 2 -m yolo_cb train data=shapes.yaml device=cpu
 
@@ -89,7 +90,7 @@ def missing_equals_error(token: str, mode: str, rest: list[str], valid: dict) ->
 def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
     """argv -> (mode, {key: raw string value}); refuses `key value` and unknown keys with hints."""
     if not argv:
-        raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export, tune; or cfg, help, version)")
+        raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export, tune, benchmark; or cfg, help, version)")
     mode, rest = argv[0], argv[1:]
     if mode in HELP_FLAGS:
         return "help", {}
@@ -181,6 +182,10 @@ def run(argv: list[str]) -> object:
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
+    if mode == "benchmark":
+        from yolo_cb.engine.benchmark import benchmark
+
+        return benchmark(args)
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
     if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)

@@ -64,7 +64,7 @@ R, T, RT = {"resume": True}, {"tune_resume": True}, {"resume": True, "tune_resum
 # Every setting of cfg/default.yaml, in its order.
 RULES: dict[str, Setting] = {
     # what to run
-    "task": _enum("detect"), "mode": _enum("train", "val", "predict", "export", "tune", **R), "model": _k("text"),
+    "task": _enum("detect"), "mode": _enum("train", "val", "predict", "export", "tune", "benchmark", **R), "model": _k("text"),
     "data": _k("text"), "cfg": _k("text"),
     # training
     "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
@@ -97,14 +97,15 @@ RULES: dict[str, Setting] = {
     "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "source": _k("free"),
     "show_labels": _k("bool"), "line_width": _int(1),
     # export
-    "format": _enum("onnx", "torchscript"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),
-    "export_tol": _k("positive"),
+    "format": _enum("onnx", "openvino", "torchscript"), "int8": _k("bool"), "nms": _k("bool"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),
+    "export_tol": _k("positive"), "formats": _k("text"), "threads": _int(0),
     # tuning
     "iterations": _int(1, **T), "space": _k("free"), "storage": _k("free", **T), "pruner": _enum("median", "hyperband", "none"),
     "tune_keep": _int(0, **T),
     # callbacks and integrations
     "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
     "onnx_check": _enum(True, False, "strict", **RT), "onnx_check_tol": _k("positive", **R),
+    "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
     # datasets
     "datasets_dir": _k("text", **RT), "weights_dir": _k("any", **RT),
 }

@@ -1,10 +1,11 @@
-"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file or a TorchScript file.
+"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file, a TorchScript file or an OpenVINO folder.
 
-    backend = load_backend("best.onnx")          # or "best.pt", "best.torchscript", an nn.Module
+    backend = load_backend("best.onnx")          # or "best.pt", "best.torchscript", "best_openvino_model/", an nn.Module
     preds = backend(x)                           # x: float (B, 3, H, W) RGB in [0, 1] -> (B, A, 5 + nc)
 
 Every backend returns the same raw layout as an eval-mode YOLOX: per anchor cx, cy, w, h in input pixels,
-then the sigmoided objectness and class scores. NMS is left to `yolo_cb.nn.postprocess.postprocess`.
+then the sigmoided objectness and class scores. NMS is left to `yolo_cb.nn.postprocess.postprocess`; an export with
+NMS in its graph (`nms=True`) returns (B, max_det, 6) instead and says so in `backend.end2end` ({"iou", "max_det"}).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from yolo_cb.errors import CheckpointError, ConfigError
 from yolo_cb.utils.log import LOGGER
 
 TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
+OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model folder
 DEFAULT_STRIDE = 32
 
 
@@ -70,7 +72,7 @@ def parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
     meta: dict[str, Any] = dict(raw)
     if "names" in meta:
         meta["names"] = parse_names(meta["names"])
-    for key in ("imgsz", "stride", "batch", "dynamic", "half"):
+    for key in ("imgsz", "stride", "batch", "dynamic", "half", "nms", "int8"):
         if key in meta and isinstance(meta[key], str):
             try:
                 meta[key] = json.loads(meta[key])
@@ -111,6 +113,8 @@ class Backend:
         self.fp16 = fp16
         self.metadata = metadata or {}
         self.path = path
+        nms = self.metadata.get("nms")  # set by an nms=True export: {"iou": ..., "max_det": ...}
+        self.end2end: dict | None = nms if isinstance(nms, dict) and nms else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -197,7 +201,7 @@ def bad_model_file(path: Path, kind: str, reason: str) -> CheckpointError:
 class ONNXBackend(Backend):
     kind = "onnx"
 
-    def __init__(self, path: str, *, device: torch.device, fp16: bool):
+    def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
         import onnxruntime as ort
         providers = ["CPUExecutionProvider"]
         if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
@@ -207,6 +211,8 @@ class ONNXBackend(Backend):
             device = torch.device("cpu")
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = int(threads)
         # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
@@ -228,7 +234,7 @@ class ONNXBackend(Backend):
         names = meta.get("names")
         if not names:
             nc = self.session.get_outputs()[0].shape[-1]
-            nc = nc - 5 if isinstance(nc, int) else 0
+            nc = nc - 5 if isinstance(nc, int) and not meta.get("nms") else 0
             LOGGER.warning(f"{path} has no 'names' metadata; using class ids as names")
             names = {i: str(i) for i in range(nc)}
         super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
@@ -271,10 +277,48 @@ class TorchScriptBackend(Backend):
         return y.float()
 
 
-def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False) -> Backend:
-    """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file or a `.torchscript` file.
+class OpenVINOBackend(Backend):
+    kind = "openvino"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
+        """`path`: an export folder (`*_openvino_model/`) or its .xml; runs on the CPU in fp32 arithmetic (an fp16 export
+        holds fp16 weights; OpenVINO's default bf16 on CPUs that have it is switched off, so results match PyTorch's)."""
+        try:
+            import openvino as ov
+        except ImportError as error:
+            raise ConfigError(f"model={path} is an OpenVINO model: pip install 'yolo-cb[openvino]' (openvino)") from error
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        xml = Path(path) if Path(path).is_file() else next(iter(sorted(folder.glob("*.xml"))), None)
+        if xml is None:
+            raise bad_model_file(folder, "OpenVINO", "the folder holds no .xml model")
+        meta_file = folder / OPENVINO_META
+        meta = parse_metadata(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
+        config = {"INFERENCE_PRECISION_HINT": "f32", **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
+        try:
+            core = ov.Core()
+            self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)
+        except RuntimeError as error:
+            raise bad_model_file(xml, "OpenVINO", f"OpenVINO cannot read it ({str(error).strip().splitlines()[0][:200]})") from None
+        if device.type != "cpu":
+            LOGGER.warning(f"OpenVINO models run on the CPU here; running {path} on CPU")
+            device = torch.device("cpu")
+        shape = self.compiled.input(0).get_partial_shape()
+        static = shape.is_static
+        dims = [d.get_length() for d in shape] if static else []
+        super().__init__(names=meta.get("names") or {}, stride=int(meta.get("stride", DEFAULT_STRIDE)),
+                         imgsz=tuple(dims[2:]) if static else None, batch=dims[0] if static else None,
+                         device=device, fp16=False, metadata=meta, path=str(folder))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.compiled(x.detach().cpu().float().numpy())[self.compiled.output(0)]
+        return torch.from_numpy(y).float().to(self.device)
+
+
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None) -> Backend:
+    """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file, a `.torchscript` file or an OpenVINO folder / .xml.
 
     fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
+    threads: intra-op threads of ONNX Runtime / OpenVINO (None: the runtime's default; PyTorch: torch.set_num_threads).
     """
     dev = select_device(device)
     if fp16 and dev.type != "cuda":
@@ -285,13 +329,16 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False) -> Backe
     if isinstance(weights, nn.Module):
         return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
     path = Path(str(weights))
+    if path.is_dir() or path.suffix.lower() == ".xml":
+        if path.exists():
+            return OpenVINOBackend(str(path), device=dev, fp16=fp16, threads=threads)
     if not path.is_file():
         raise FileNotFoundError(f"model weights '{weights}' not found")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
-        return ONNXBackend(str(path), device=dev, fp16=fp16)
+        return ONNXBackend(str(path), device=dev, fp16=fp16, threads=threads)
     if suffix in (".torchscript", ".ts", ".jit"):
         return TorchScriptBackend(str(path), device=dev, fp16=fp16)
     if suffix in (".pt", ".pth"):
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
-    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx or .torchscript")
+    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx, .torchscript or an OpenVINO folder")

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from yolo_cb.engine.backend import TORCHSCRIPT_META
+from yolo_cb.engine.export_nms import NMS_OPSET_MIN, NMSWrapper
 from yolo_cb.errors import ConfigError, WriteError
 from yolo_cb.utils.files import create_temp, write_error
 from yolo_cb.utils.log import LOGGER
@@ -61,6 +62,13 @@ def check_opset(opset: Any, dynamic: bool) -> int:
     return value
 
 
+def check_nms_opset(opset: Any) -> None:
+    """ExportSettingError unless `opset` has NonMaxSuppression (nms=True)."""
+    if int(opset) < NMS_OPSET_MIN:
+        raise ExportSettingError(f"opset={opset} cannot hold nms=True: NonMaxSuppression needs opset {NMS_OPSET_MIN} or newer; "
+                                 f"pass opset={NMS_OPSET_MIN} or more (the default is 17)")
+
+
 class ExportWrapper(nn.Module):
     """The eval graph that is exported: raw head outputs decoded in-graph.
 
@@ -96,14 +104,24 @@ def _example(model: nn.Module, batch: int, imgsz: tuple[int, int]) -> torch.Tens
     return torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
 
 
+def export_graph(model: nn.Module, dynamic: bool = False, nms: dict | None = None) -> nn.Module:
+    """The module that is traced: the decoded graph, followed by in-graph NMS when `nms` ({"iou", "max_det"}) is given."""
+    graph = ExportWrapper(model, dynamic=dynamic).eval()
+    return NMSWrapper(graph, nms["iou"], nms["max_det"]).eval() if nms else graph
+
+
 def onnx_bytes(model: nn.Module, imgsz: tuple[int, int], opset: int = 17, dynamic: bool = False, simplify: bool = True,
-               batch: int = 1, metadata: dict[str, Any] | None = None) -> bytes:
-    """The serialised ONNX model of an eval-mode (fused) YOLOX: torch.onnx (TorchScript-based), checked, simplified, metadata added."""
+               batch: int = 1, metadata: dict[str, Any] | None = None, nms: dict | None = None) -> bytes:
+    """The serialised ONNX model of an eval-mode (fused) YOLOX: torch.onnx (TorchScript-based), checked, simplified, metadata
+    added; `nms` ({"iou", "max_det"}): NMS in the graph, output (B, max_det, 6)."""
     import onnx
 
     opset = check_opset(opset, dynamic)
-    wrapper = ExportWrapper(model, dynamic=dynamic).eval()
-    dynamic_axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}} if dynamic else None
+    if nms:
+        check_nms_opset(opset)
+    wrapper = export_graph(model, dynamic, nms)
+    out_axes = {0: "batch"} if nms else {0: "batch", 1: "anchors"}
+    dynamic_axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": out_axes} if dynamic else None
     buffer = io.BytesIO()  # in memory: no raw.onnx in the system temp folder (a model of yolo-cb's size is far below 2 GB)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TracerWarnings about constant grids are expected for static exports

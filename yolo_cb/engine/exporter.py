@@ -21,24 +21,37 @@ from torch import nn
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
-from yolo_cb.data.resolve import resolve_datasets_dir
-from yolo_cb.data.verify import IMG_SUFFIXES, imread
+from yolo_cb.data.verify import imread
 from yolo_cb.engine.backend import TORCHSCRIPT_META, max_stride, select_device
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from yolo_cb.engine.export_convert import (
+    FORMATS,
+    StagedDir,
+    calibration_images,
+    check_format_combo,
+    file_size,
+    half_onnx,
+    int8_onnx,
+    openvino_model,
+    save_openvino,
+    set_onnx_metadata,
+)
 from yolo_cb.engine.export_formats import (  # noqa: F401 - public here too
     ExportError,
     ExportSettingError,
     ExportWrapper,
     StagedFile,
+    check_nms_opset,
     check_opset,
+    export_graph,
     export_onnx,
     export_torchscript,
     onnx_bytes,
     torchscript_bytes,
 )
+from yolo_cb.engine.export_images import dataset_image, sample_image  # noqa: F401 - public here too
+from yolo_cb.engine.export_verify import match_detections, run_backend, side_by_side
 from yolo_cb.engine.predictor import preprocess
-from yolo_cb.errors import DataError, load_yaml
-from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.version import __version__
 
@@ -97,91 +110,29 @@ def verify_torchscript(path: str | Path, model: nn.Module, image_tensor: torch.T
     return compare(output, torch_reference(model, image_tensor))
 
 
-def sample_image(shape: tuple[int, int] = (480, 640), seed: int = 0) -> np.ndarray:
-    """A generated, deterministic test scene (HWC BGR uint8): gradient background, texture and filled shapes.
-
-    Used when no dataset image can be found: it exercises the network like a photo does (edges, flat areas,
-    colours), unlike uniform noise.
-    """
-    import cv2
-
-    h, w = shape
-    rng = np.random.default_rng(seed)
-    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack((60 + 120 * xs / w, 90 + 100 * ys / h, 180 - 80 * (xs + ys) / (w + h)), axis=-1)
-    img += rng.normal(0, 6, size=img.shape)
-    img = np.clip(img, 0, 255).astype(np.uint8)
-    for i in range(12):
-        color = tuple(int(c) for c in rng.integers(0, 256, 3))
-        cx, cy = int(rng.integers(0, w)), int(rng.integers(0, h))
-        size = int(rng.integers(min(h, w) // 16, min(h, w) // 4))
-        if i % 3 == 0:
-            cv2.rectangle(img, (cx - size, cy - size // 2), (cx + size, cy + size // 2), color, -1)
-        elif i % 3 == 1:
-            cv2.circle(img, (cx, cy), size // 2, color, -1)
-        else:
-            pts = np.array([[cx, cy - size], [cx - size, cy + size // 2], [cx + size, cy + size // 2]], dtype=np.int32)
-            cv2.fillPoly(img, [pts], color)
-    cv2.putText(img, "yolo-cb", (w // 10, h // 2), cv2.FONT_HERSHEY_SIMPLEX, max(h, w) / 400, (255, 255, 255), 2)
-    return img
-
-
-def dataset_image(data: Any, datasets_dir: str | None = None) -> Path | None:
-    """The first image of a dataset YAML's val (else train) split when it is already on disk; else None (never downloads)."""
-    if not data:
-        return None
-    try:
-        yaml_file = find_dataset_cfg(str(data)).resolve()
-        cfg = load_yaml(yaml_file, DataError, "dataset YAML") or {}  # the bounded loader: an alias bomb is refused here too
-        base = str(cfg.get("path") or "")
-        if not base:
-            roots = [yaml_file.parent]
-        elif Path(base).expanduser().is_absolute():
-            roots = [Path(base).expanduser()]
-        else:
-            roots = [Path.cwd() / base, yaml_file.parent / base, resolve_datasets_dir(datasets_dir) / base]  # as check_data
-    except Exception:  # an unresolvable dataset only means: use the generated test scene
-        return None
-    for split in ("val", "train", "test"):
-        entries = cfg.get(split)
-        for entry in entries if isinstance(entries, list) else [entries]:
-            if not entry:
-                continue
-            for root in roots:
-                found = _first_image(Path(entry).expanduser() if Path(entry).expanduser().is_absolute() else root / entry)
-                if found is not None:
-                    return found
-    return None
-
-
-def _first_image(candidate: Path) -> Path | None:
-    if candidate.is_dir():
-        return next((p for p in sorted(candidate.rglob("*")) if p.suffix.lower() in IMG_SUFFIXES), None)
-    if candidate.is_file() and candidate.suffix.lower() in IMG_SUFFIXES:
-        return candidate
-    if candidate.is_file() and candidate.suffix.lower() == ".txt":
-        for line in candidate.read_text().splitlines()[:100]:
-            path = Path(line.strip())
-            path = path if path.is_absolute() else candidate.parent / path
-            if line.strip() and path.is_file() and path.suffix.lower() in IMG_SUFFIXES:
-                return path
-    return None
+def verify_backend(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
+    """Run `path` through its yolo-cb Backend (an OpenVINO folder) and compare with `model` (see `compare`)."""
+    return compare(run_backend(path, image_tensor, "openvino"), torch_reference(model, image_tensor))
 
 
 class Exporter:
     """Exports a checkpoint or module to args.format (onnx | torchscript) and verifies the result; see the module docstring."""
 
-    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
+    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None, validate: bool = True):
+        """validate: with data=, validate the export and PyTorch on its val split (benchmark and export_check do it themselves)."""
         if isinstance(args, Config):
             self.args = args
         else:
             self.args = get_config({**EXPORT_DEFAULTS, **(args or {})})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.validate = validate
         self.file: Path | None = None
         self.model: nn.Module | None = None
         self.metadata: dict[str, Any] = {}
         self.verification: dict[str, float] = {}
         self.image_path: str | None = None
+        self.nms: dict | None = None  # nms=True: {"iou", "max_det"} fixed in the graph
+        self.val_metrics: dict[str, float] = {}  # data= given: mAP50-95 of PyTorch and of the export, and the drop
 
     def run_callbacks(self, event: str) -> None:
         self.callbacks.run(event, self)
@@ -210,12 +161,12 @@ class Exporter:
         return module, weights, train_args
 
     def _device(self) -> torch.device:
-        if not self.args.half:
-            return torch.device("cpu")
+        if not self.args.half or str(self.args.format).lower() != "torchscript":
+            return torch.device("cpu")  # ONNX / OpenVINO fp16 is a conversion of the fp32 graph: no GPU needed
         device = select_device(self.args.device or "")
         if device.type != "cuda":
-            raise ExportSettingError("half=True (fp16 export) needs a CUDA device; CUDA is not available here "
-                              f"(device={self.args.device or 'auto'}). Export in fp32 (half=False) instead.")
+            raise ExportSettingError("half=True for format=torchscript (fp16 weights) needs a CUDA device; CUDA is not available here "
+                                     f"(device={self.args.device or 'auto'}). Export in fp32, or use format=onnx / openvino half=True.")
         return device
 
     def _imgsz(self) -> tuple[int, int]:
@@ -223,7 +174,8 @@ class Exporter:
         h, w = (size, size) if isinstance(size, int) else tuple(size)
         stride = max_stride(self.model)
         if h % stride or w % stride:
-            raise ValueError(f"imgsz {size} must be a multiple of the model's stride {stride}")
+            raise ExportSettingError(f"imgsz={size} is not a multiple of the model's stride {stride}; pass e.g. imgsz="
+                                     f"{max(stride, round(h / stride) * stride)}")
         return int(h), int(w)
 
     def _verification_image(self, train_args: dict, imgsz: tuple[int, int], batch: int) -> torch.Tensor:
@@ -243,11 +195,16 @@ class Exporter:
 
     def _verify(self, fmt: str, file: Path, model: nn.Module, image: torch.Tensor, target: Path | None = None) -> dict[str, float]:
         """Run `file` against PyTorch; ExportError above export_tol (`target`: the file it would become, left unchanged)."""
-        fn = verify_onnx if fmt == "onnx" else verify_torchscript
+        if self.nms:
+            return self._verify_nms(fmt, file, model, image, target)
+        fn = verify_torchscript if fmt == "torchscript" else verify_onnx if fmt == "onnx" else verify_backend
         result = fn(file, model, image)
         tol = float(self.args.export_tol)
-        if self.args.half:  # fp16 outputs carry ~3 significant digits
-            tol = max(tol, 1e-2)
+        if self.args.half:  # fp16 arithmetic vs fp32: measured 0.023 on a trained YOLOX-nano at 64 px; the mAP is the real gate
+            tol = max(tol, 5e-2)
+        if self.args.int8:  # int8 is judged by its mAP on data= (see side_by_side), not output by output
+            LOGGER.info(f"int8 {fmt} export: difference vs PyTorch {result['max_err']:.3g} (not gated; the mAP is)")
+            return result
         LOGGER.info(f"export verification ({fmt}, {tuple(image.shape)} image from {self.image_path}): difference vs PyTorch "
                     f"{result['max_err']:.3g} (abs up to 1, relative above; tolerance {tol:g}), max abs {result['max_abs']:.3g}")
         if result["max_err"] > tol:
@@ -272,56 +229,109 @@ class Exporter:
             "batch": str(batch),
             "dynamic": json.dumps(bool(args.dynamic)),
             "half": json.dumps(bool(args.half)),
-            "output": "(B, A, 5 + nc): cx, cy, w, h (input pixels), obj, class scores (sigmoided); A = sum over strides 8/16/32 of H/s * W/s",
+            "int8": json.dumps(bool(args.int8)),
+            "nms": json.dumps(self.nms or {}),
+            "output": ("(B, max_det, 6): x1, y1, x2, y2 (input pixels), score, class; rows of score 0 are padding" if self.nms else
+                       "(B, A, 5 + nc): cx, cy, w, h (input pixels), obj, class scores (sigmoided); A = sum over strides 8/16/32 of H/s * W/s"),
         }
 
     def _target(self, fmt: str, weights: Path | None, module: nn.Module) -> Path:
-        suffix = ".onnx" if fmt == "onnx" else ".torchscript"
-        if weights is not None:
-            return weights.with_suffix(suffix)
-        stem = str(getattr(module, "name", "yolox")).lower() or "yolox"
-        return Path(self.args.project or ".") / f"{stem}{suffix}"
+        stem = weights.stem if weights is not None else str(getattr(module, "name", "yolox")).lower() or "yolox"
+        stem += ("_int8" if self.args.int8 else "_half" if self.args.half else "") + ("_nms" if self.args.nms else "")
+        name = {"onnx": f"{stem}.onnx", "torchscript": f"{stem}.torchscript", "openvino": f"{stem}_openvino_model"}[fmt]
+        return (weights.parent if weights is not None else Path(self.args.project or ".")) / name
 
-    def _serialise(self, fmt: str, module: nn.Module, imgsz: tuple[int, int], batch: int, source: Any) -> bytes:
+    def _onnx_bytes(self, module: nn.Module, imgsz: tuple[int, int], batch: int) -> bytes:
         args = self.args
+        data = onnx_bytes(module, imgsz, opset=args.opset, dynamic=bool(args.dynamic), simplify=bool(args.simplify), batch=batch,
+                          metadata=self.metadata, nms=self.nms)
+        return half_onnx(data) if args.half and str(args.format).lower() == "onnx" else data
+
+    def _write(self, fmt: str, staged: Path, module: nn.Module, imgsz: tuple[int, int], batch: int, calib: list | None) -> Path:
+        """Serialise into the staged temp file / folder; returns the file to verify."""
+        if fmt == "torchscript":
+            staged.write_bytes(torchscript_bytes(module, imgsz, dynamic=bool(self.args.dynamic), batch=batch, metadata=self.metadata,
+                                                 meta_key=TORCHSCRIPT_META))
+            return staged
+        data = self._onnx_bytes(module, imgsz, batch)
+        if fmt == "onnx" and calib is None:
+            staged.write_bytes(data)
+            return staged
+        source = (staged if fmt == "openvino" else staged.parent) / f".{staged.name}.fp32.onnx"
+        source.write_bytes(data)
         try:
             if fmt == "onnx":
-                return onnx_bytes(module, imgsz, opset=args.opset, dynamic=bool(args.dynamic), simplify=bool(args.simplify),
-                                  batch=batch, metadata=self.metadata)
-            return torchscript_bytes(module, imgsz, dynamic=bool(args.dynamic), batch=batch, metadata=self.metadata,
-                                     meta_key=TORCHSCRIPT_META)
+                int8_onnx(source, staged, calib)
+                set_onnx_metadata(staged, self.metadata)
+                return staged
+            save_openvino(openvino_model(source, calib), staged, self.file.name.removesuffix("_openvino_model"), bool(self.args.half),
+                          self.metadata)
+            return staged
+        finally:
+            source.unlink(missing_ok=True)
+
+    def _serialise(self, fmt: str, staged: Path, module: nn.Module, imgsz: tuple[int, int], batch: int, calib: list | None, source: Any) -> Path:
+        try:
+            return self._write(fmt, staged, module, imgsz, batch, calib)
         except ExportError:
             raise
         except Exception as error:
             raise ExportError(f"{fmt} export of {source} failed: {type(error).__name__}: {error}") from error
 
-    def __call__(self, model: Any = None) -> str:
+    def _verify_nms(self, fmt: str, file: Path, model: nn.Module, image: torch.Tensor, target: Path | None) -> dict[str, float]:
+        """An nms=True export against PyTorch's own predict (decode, per-class NMS): boxes above conf 0.25 within 1 px."""
+        with torch.no_grad():
+            reference = export_graph(model, False, self.nms)(image).cpu().numpy()
+        result = match_detections(run_backend(file, image, fmt), reference)
+        LOGGER.info(f"export verification ({fmt}, nms=True, image from {self.image_path}): boxes within {result['max_px']:.3g} px of "
+                    f"PyTorch's, {int(result['missing'])} detection(s) found by one only")
+        if not self.args.int8 and (result["missing"] or result["max_px"] > 1.0 + 10 * bool(self.args.half)):
+            raise ExportError(f"exported {fmt} model {target or file} detects differently from PyTorch on {self.image_path} "
+                              f"(boxes {result['max_px']:.3g} px apart, {int(result['missing'])} missing); not saved")
+        return result
+
+    def _checked_settings(self) -> str:
+        """The format, after every refusal that needs no work (unknown format, combinations, opset, int8 without data)."""
         args = self.args
         fmt = str(args.format).lower()
-        if fmt not in ("onnx", "torchscript"):
-            raise ValueError(f"format={args.format!r} is not supported; use onnx or torchscript")
-        if fmt == "onnx":
-            check_opset(args.opset, bool(args.dynamic))  # before any work
+        if fmt not in FORMATS:
+            raise ExportSettingError(f"format={args.format!r} is not a known export format; known: {', '.join(FORMATS)}")
+        check_format_combo(fmt, bool(args.half), bool(args.int8), bool(args.nms))
+        if fmt != "torchscript":
+            check_opset(args.opset, bool(args.dynamic))
+            if args.nms:
+                check_nms_opset(args.opset)
+        if args.int8 and not args.data:
+            calibration_images(None, None, 1.0, (32, 32))  # raises the one-line error
+        self.nms = {"iou": float(args.iou), "max_det": int(args.max_det)} if args.nms else None
+        return fmt
+
+    def __call__(self, model: Any = None) -> str:
+        args = self.args
+        fmt = self._checked_settings()
         device = self._device()
         module, weights, train_args = self._load(model)
         module = module.to(device)
-        if args.half:
+        if args.half and fmt == "torchscript":
             module = module.half()
         self.model = module
         imgsz = self._imgsz()
         batch = int(args.batch or 1)
+        calib = calibration_images(args.data, args.datasets_dir, float(args.fraction), imgsz) if args.int8 else None
         self.metadata = self._metadata(module, imgsz, batch)
         self.file = file = self._target(fmt, weights, module)
         self.run_callbacks("on_export_start")
         LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
-                    f"half={bool(args.half)}{', opset ' + str(args.opset) if fmt == 'onnx' else ''})")
+                    f"half={bool(args.half)}, int8={bool(args.int8)}, nms={bool(args.nms)}{', opset ' + str(args.opset) if fmt != 'torchscript' else ''})")
         hint = (f"an export is written beside its checkpoint: copy {weights} to a folder this process may write to and export the copy"
                 if weights is not None else "pass project= a folder this process may write to")
-        with StagedFile(file, hint) as staged:  # a temp file beside `file`: an unwritable folder fails here, before the export
-            staged.write(self._serialise(fmt, module, imgsz, batch, weights or type(module).__name__))
+        with StagedDir(file) if fmt == "openvino" else StagedFile(file, hint) as staged:  # a temp beside `file`, renamed when checked
+            written = self._serialise(fmt, staged.path, module, imgsz, batch, calib, weights or type(module).__name__)
             image = self._verification_image(train_args, imgsz, batch).to(device)
-            self.verification = self._verify(fmt, staged.path, module, image, target=file)
+            self.verification = self._verify(fmt, written, module.float() if fmt != "torchscript" else module, image, target=file)
             staged.commit()
-        LOGGER.info(f"export done: {file} ({file.stat().st_size / 1e6:.1f} MB)")
+        LOGGER.info(f"export done: {file} ({file_size(file) / 1e6:.1f} MB)")
+        if args.data and self.validate:
+            self.val_metrics = side_by_side(module.float(), file, args.data, list(imgsz), batch, args.datasets_dir)
         self.run_callbacks("on_export_end")
         return str(file)

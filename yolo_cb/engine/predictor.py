@@ -274,7 +274,8 @@ class Predictor:
 
     def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
         args = self.args
-        dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes)
+        dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes,
+                           end2end=getattr(self.backend, "end2end", None))
         results = []
         for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads, strict=True):
             det = scale_boxes(det.cpu(), ratio_pad, img.shape[:2]) if len(det) else det.cpu().reshape(0, 6)

@@ -203,6 +203,7 @@ class Validator:
         self.nc = len(self.names)
         args = self.args
         self.conf = VAL_CONF if args.conf is None else float(args.conf)
+        self.end2end = getattr(model, "end2end", None)  # an export with NMS in its graph: its iou and max_det
         self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
         self.confusion_matrix = ConfusionMatrix(self.nc)
         self.det_metrics = DetMetrics(self.nc, self.names)
@@ -262,7 +263,8 @@ class Validator:
     def postprocess(self, preds: torch.Tensor) -> list[torch.Tensor]:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
-        return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms))
+        return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
+                           end2end=getattr(self, "end2end", None))
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""

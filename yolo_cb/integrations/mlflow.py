@@ -38,7 +38,7 @@ CONNECT_TIMEOUT_S = 3.0  # the up-front reachability check of an http(s) trackin
 QUIET_LOGGERS = ("mlflow", "alembic")  # their INFO lines (database creation, migrations) are muted during our calls
 MAX_PARAM_CHARS = 6000  # MLflow's limit for a param value
 BATCH = 100  # params per log_batch request (MLflow's limit)
-ROOT_FILES = ("results.csv", "args.yaml", "*.png", "*.jpg", "*.onnx")
+ROOT_FILES = ("results.csv", "args.yaml", "export_check.csv", "*.png", "*.jpg", "*.onnx")
 WEIGHT_FILES = ("best.pt", "last.pt", "*.onnx")
 
 

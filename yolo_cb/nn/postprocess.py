@@ -17,6 +17,7 @@ def postprocess(
     max_det: int = 300,
     agnostic: bool = False,
     classes: Sequence[int] | None = None,
+    end2end: dict | None = None,
 ) -> list[torch.Tensor]:
     """Per image, a (n, 6) tensor of [x1, y1, x2, y2, score, cls] sorted by score.
 
@@ -24,10 +25,13 @@ def postprocess(
     anything torch.as_tensor accepts (e.g. an ONNX Runtime numpy array); a single (A, 5 + nc) image is accepted too.
     score = objectness * best class probability; boxes below `conf` are dropped, then NMS at `iou`, per class
     unless `agnostic`; `classes` keeps only those class ids.
+    end2end: the {"iou", "max_det"} of a model exported with NMS in its graph (preds (B, max_det, 6)): see end2end_detections.
     """
     preds = torch.as_tensor(preds)
     if preds.dim() == 2:
         preds = preds[None]
+    if end2end is not None:
+        return end2end_detections(preds, end2end, conf, iou, max_det, agnostic, classes)
     results = []
     for p in preds:
         p = p.float()
@@ -61,3 +65,22 @@ def scale_boxes(boxes_xyxy: torch.Tensor, ratio_pad, orig_shape: Sequence[int]) 
     out[..., [0, 2]] = ((out[..., [0, 2]] - pad_w) / ratio_w).clamp(0, w)
     out[..., [1, 3]] = ((out[..., [1, 3]] - pad_h) / ratio_h).clamp(0, h)
     return out
+
+
+def end2end_detections(preds: torch.Tensor, exported: dict, conf: float, iou: float, max_det: int, agnostic: bool,
+                       classes: Sequence[int] | None) -> list[torch.Tensor]:
+    """Rows of an in-graph-NMS output (B, max_det, 6: x1, y1, x2, y2, score, cls, best first) scored above `conf`.
+
+    What the graph fixed at export cannot change here: a different `iou`, agnostic NMS or a larger `max_det` raise.
+    """
+    if agnostic or abs(float(iou) - float(exported["iou"])) > 1e-6 or int(max_det) > int(exported["max_det"]):
+        raise ValueError(f"this model has NMS inside its graph (per-class, iou={exported['iou']}, max_det={exported['max_det']}): "
+                         f"iou={iou}, max_det={max_det}, agnostic_nms={agnostic} cannot be applied; re-export with those settings "
+                         f"or with nms=False")
+    results = []
+    for p in preds.float():
+        keep = p[:, 4] > conf
+        if classes is not None:
+            keep &= torch.isin(p[:, 5].long(), torch.as_tensor(list(classes), device=p.device))
+        results.append(p[keep][:max_det])
+    return results

@@ -1,0 +1,170 @@
+"""Every offered export variant of a small trained model, loaded back with YOLO(path) and validated against PyTorch on
+real images (real runtimes: ONNX Runtime, OpenVINO, NNCF; no mocks). One training and one export per variant, shared."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import yolo_cb.nn
+from yolo_cb import YOLO
+from yolo_cb.engine.export_verify import MAP_TOL, side_by_side
+from yolo_cb.engine.exporter import Exporter
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+ROOT = Path(__file__).resolve().parents[1]
+FIT = dict(imgsz=64, epochs=60, batch=4, nbs=4, workers=0, mosaic=0, fliplr=0, scale=0, translate=0, hsv_h=0, hsv_s=0, hsv_v=0,
+           warmup_epochs=0, optimizer="AdamW", lr0=0.004, val_period=1000, mlflow=False, tensorboard=False, onnx_check=False,
+           plots=False, no_aug_epochs=0)
+VARIANTS = ["onnx", "onnx_half", "onnx_int8", "openvino", "openvino_half", "openvino_int8"]
+
+
+@pytest.fixture(scope="session")
+def fitted(tmp_path_factory, shapes_dir):
+    """(best.pt, data YAML): YOLOX-nano overfit on 16 shapes images at imgsz 64 (train = val), so that it detects."""
+    folder = tmp_path_factory.mktemp("export_formats")
+    images = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:16]
+    (folder / "imgs.txt").write_text("\n".join(map(str, images)) + "\n")
+    data = folder / "data.yaml"
+    data.write_text(f"path: {folder}\ntrain: imgs.txt\nval: imgs.txt\nnames: [circle, rectangle, triangle, cross]\n")
+    YOLO("yolox-nano.yaml").train(data=str(data), project=str(folder / "runs"), name="fit", **FIT)
+    return folder / "runs" / "fit" / "weights" / "best.pt", data
+
+
+@pytest.fixture(scope="session")
+def exports(fitted):
+    """variant -> exported path, each exported once (lazily)."""
+    best, data = fitted
+    made: dict[str, str] = {}
+
+    def get(variant: str) -> str:
+        if variant not in made:
+            fmt, *flags = variant.split("_")
+            made[variant] = Exporter({"format": fmt, "imgsz": 64, "data": str(data), **{f: True for f in flags}}, validate=False)(str(best))
+        return made[variant]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_export_keeps_the_map(variant, fitted, exports):
+    best, data = fitted
+    path = exports(variant)
+    result = side_by_side(YOLO(str(best)).model.float().eval(), path, str(data), [64, 64])
+    print(f"{variant}: mAP50-95 PyTorch {result['pytorch']:.4f}, export {result['export']:.4f}, drop {result['drop']:+.5f}")
+    assert result["pytorch"] > 0.1  # a model that detects something, not an empty comparison
+    precision = "int8" if "int8" in variant else "half" if "half" in variant else "fp32"
+    assert abs(result["drop"]) <= MAP_TOL[precision]
+
+
+def test_openvino_folder_needs_no_extra_arguments(fitted, exports):
+    best, data = fitted
+    model = YOLO(exports("openvino"))
+    assert model.names == {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}
+    metrics = model.val(data=str(data), plots=False, workers=0, project=str(best.parent.parent), name="ov")
+    assert metrics["metrics/mAP50-95(B)"] > 0.1
+    image = (data.parent / "imgs.txt").read_text().split()[0]
+    assert len(model(image)[0].boxes) > 0
+
+
+def test_nms_in_graph_matches_pytorch_predict(fitted, tmp_path):
+    best, data = fitted
+    path = Exporter({"format": "onnx", "imgsz": 64, "nms": True, "project": str(tmp_path)})(str(best))
+    images = (data.parent / "imgs.txt").read_text().split()
+    ours = YOLO(path).predict(images, imgsz=64)
+    theirs = YOLO(str(best)).predict(images, imgsz=64)
+    found = 0
+    for a, b in zip(ours, theirs, strict=True):
+        da, db = a.boxes.data.numpy(), b.boxes.data.numpy()
+        assert da.shape == db.shape
+        found += len(db)
+        if len(db):
+            assert (abs(da[:, :4] - db[:, :4]) <= 1.0).all() and (da[:, 5] == db[:, 5]).all()
+    assert found > 0
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolo_cb", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["format=tflite2"], "format"),
+    (["format=onnx", "int8=True"], "int8=True needs data="),
+    (["format=onnx", "imgsz=65"], "expected a multiple of 32"),
+    (["format=onnx", "nms=True", "opset=10"], "NonMaxSuppression needs opset 11"),
+])
+def test_bad_export_settings_one_line_exit_2(args, says, fitted, tmp_path):
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    proc = cli("export", f"model={model}", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing half-written left beside it
+
+
+def test_truncated_export_refused_exit_2(fitted, exports, tmp_path):
+    _, data = fitted
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(Path(exports("onnx")).read_bytes()[:5000])
+    proc = cli("val", f"model={broken}", f"data={data}", cwd=tmp_path)
+    assert proc.returncode == 2 and "not a usable ONNX model" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_benchmark_prints_its_table(fitted, tmp_path):
+    best, data = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    proc = cli("benchmark", f"model={model}", f"data={data}", "imgsz=64", "formats=onnx,openvino_half", "threads=1",
+               f"project={tmp_path}", "name=bench", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| format |" in proc.stdout and "| onnx |" in proc.stdout and "| openvino_half |" in proc.stdout
+    csv = (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()
+    assert csv[0].startswith("format,file,size_mb,mAP50-95,drop,ms_per_image,threads") and len(csv) == 4
+
+
+def test_export_check_writes_its_csv_and_logs_to_mlflow(fitted, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    _, data = fitted
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the integration's own local store: <project>/mlruns
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1, "mlflow": True},
+                                  export_check="onnx,openvino")
+    rows = (tmp_path / "run" / "export_check.csv").read_text().splitlines()
+    assert rows[0] == "variant,file,mAP50-95,pytorch,drop,ok,error" and len(rows) == 3
+    assert rows[1].startswith("onnx,best.onnx,") and rows[2].startswith("openvino,best_openvino_model,")
+    client = MlflowClient(uri)
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    assert {"export_check/onnx/mAP50-95", "export_check/openvino/drop"} <= set(run.data.metrics)
+    assert "export_check.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def differs_when_traced(module, inputs, output):
+    """Adds 0.5 to the eval output except while being traced (exported): every export of such a model is broken."""
+    if isinstance(output, torch.Tensor) and not torch.jit.is_tracing():
+        return output + 0.5
+    return output
+
+
+def test_export_check_strict_fails_the_run_on_a_broken_export(fitted, tmp_path, monkeypatch):
+    real = yolo_cb.nn.build_model
+
+    def build(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.register_forward_hook(differs_when_traced)
+        return model
+
+    monkeypatch.setattr(yolo_cb.nn, "build_model", build)  # the planted fault: PyTorch and the exported graph disagree
+    _, data = fitted
+    with pytest.raises(Exception, match=r"export check: onnx cannot be exported .*differs from PyTorch.*export_check_strict=true"):
+        YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1},
+                                      export_check="onnx", export_check_strict=True)
+    assert "ExportError" in (tmp_path / "run" / "export_check.csv").read_text()

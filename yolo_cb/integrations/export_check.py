@@ -1,0 +1,99 @@
+"""Export check (export_check=onnx,openvino_int8, export_check_tol, export_check_strict): at the end of training best.pt
+is exported to each variant, each export is validated on the val split next to PyTorch (the same letterboxed images),
+and the rows go to export_check.csv in the run folder, and to the run's loggers as `export_check/<variant>/mAP50-95` and
+`.../drop` (MLflow metrics, TensorBoard scalars, W&B summary values; MLflow also uploads the CSV with the run's files):
+
+    export check: onnx_int8 mAP50-95 0.3021 vs PyTorch 0.3090 (drop 0.0069) — OK
+
+A variant that cannot be exported, or drops more than export_check_tol, warns; with export_check_strict=true it fails
+the run (the trainer registers the check with on_error="raise" then).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from yolo_cb.callbacks.registry import integration
+from yolo_cb.engine.export_convert import parse_spec
+from yolo_cb.engine.export_verify import MAP_KEY, val_map
+from yolo_cb.engine.exporter import Exporter
+from yolo_cb.utils.log import LOGGER
+
+COLUMNS = ("variant", "file", "mAP50-95", "pytorch", "drop", "ok", "error")
+
+
+class ExportCheckError(RuntimeError):
+    """An export of best.pt failed, or lost more mAP50-95 than export_check_tol (export_check_strict=true)."""
+
+
+@integration("export_check", enabled=lambda args: bool(args.export_check),
+             on_error=lambda args: "raise" if args.export_check_strict else "disable", requires={"onnxruntime": "pip install onnxruntime"})
+class ExportCheck:
+    """Exports and validates best.pt at on_train_end (main process only); see the module docstring."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def on_pretrain_routine_end(self, trainer):
+        for token in str(trainer.args.export_check).split(","):
+            parse_spec(token)  # a bad variant name fails before the first epoch
+
+    def on_train_end(self, trainer):
+        best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
+        if not trainer.is_main or best is None or not best.is_file():
+            return
+        args = trainer.args
+        reference = None
+        for token in [t.strip() for t in str(args.export_check).split(",") if t.strip()]:
+            row = {"variant": token, "file": "", "mAP50-95": "", "pytorch": "", "drop": "", "ok": False, "error": ""}
+            try:
+                spec = parse_spec(token)
+                path = Exporter({"imgsz": args.imgsz, "data": args.data, "datasets_dir": args.datasets_dir, "fraction": args.fraction,
+                                 "iou": args.iou, "max_det": args.max_det, "opset": args.opset, **spec}, validate=False)(str(best))
+                ours, validator = val_map(path, args.data, args.imgsz, 1, args.datasets_dir, trainer.save_dir)
+                if reference is None:
+                    reference = val_map(str(best), args.data, args.imgsz, 1, args.datasets_dir, trainer.save_dir, like=validator)[0]
+                drop = reference[MAP_KEY] - ours[MAP_KEY]
+                row.update(file=Path(path).name, **{"mAP50-95": round(ours[MAP_KEY], 5)}, pytorch=round(reference[MAP_KEY], 5),
+                           drop=round(drop, 5), ok=drop <= float(args.export_check_tol))
+            except Exception as error:  # recorded, then warned about or raised below
+                row["error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+            self.rows.append(row)
+        self._write(Path(trainer.save_dir) / "export_check.csv")
+        self._log(trainer)
+        self._judge(bool(args.export_check_strict), float(args.export_check_tol))
+
+    def _write(self, file: Path) -> None:
+        with open(file, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def _log(self, trainer) -> None:
+        """The figures to the loggers of this run that are still open (they end at their own on_train_end, after this one:
+        integrations run in the order of their file names)."""
+        figures = {f"export_check/{r['variant']}/{key}": float(r[key]) for r in self.rows if not r["error"] for key in ("mAP50-95", "drop")}
+        step = max(int(trainer.epoch), 0)
+        for entry in trainer.callbacks.entries("on_train_end"):
+            owner = entry.owner
+            if getattr(owner, "run_id", None) and getattr(owner, "client", None) is not None:  # MLflow
+                for key, value in figures.items():
+                    owner.client.log_metric(owner.run_id, key, value, step=step)
+            elif getattr(owner, "writer", None) is not None:  # TensorBoard
+                for key, value in figures.items():
+                    owner.writer.add_scalar(key, value, step)
+            elif getattr(owner, "run", None) is not None and hasattr(owner.run, "summary"):  # W&B
+                owner.run.summary.update(figures)
+
+    def _judge(self, strict: bool, tol: float) -> None:
+        for row in self.rows:
+            figures = row["error"] or f"mAP50-95 {row['mAP50-95']} vs PyTorch {row['pytorch']} (drop {row['drop']})"
+            if row["ok"]:
+                LOGGER.info(f"export check: {row['variant']} {figures} — OK")
+                continue
+            message = f"export check: {row['variant']} {figures} — above export_check_tol={tol:g}" if not row["error"] else \
+                f"export check: {row['variant']} cannot be exported ({figures})"
+            if strict:
+                raise ExportCheckError(f"{message} (export_check_strict=true)")
+            LOGGER.warning(f"WARNING {message}. Set export_check_strict=true to fail the run instead.")
