@@ -94,8 +94,10 @@ def test_two_callbacks_of_one_name_are_told_apart():
 
 PINNED = """\
 event                        callback               origin       on_error  rank
+on_pretrain_routine_start    early_stopping         default      raise     all ranks
 on_pretrain_routine_end      lr_schedule            default      raise     all ranks
                              results_csv            default      raise     rank 0
+                             stop_stage             integration  raise     all ranks
                              tensorboard            integration  disable   rank 0
 on_train_start               checkpoint             default      raise     rank 0
 on_train_epoch_start         progress               default      raise     rank 0
@@ -113,11 +115,13 @@ on_model_save                lr_schedule            default      raise     all r
                              epoch_state            default      raise     rank 0
 on_fit_epoch_end             results_csv            default      raise     rank 0
                              early_stopping         default      raise     all ranks
+                             stop_stage             integration  raise     all ranks
                              tensorboard            integration  disable   rank 0
                              visualize              integration  disable   all ranks
                              log_epoch              yaml         raise     all ranks
                              epoch_state            default      raise     rank 0
 on_train_end                 results_csv            default      raise     rank 0
+                             early_stopping         default      raise     all ranks
                              tensorboard            integration  disable   rank 0
                              callback_record        default      raise     all ranks
 teardown                     progress               default      raise     rank 0
