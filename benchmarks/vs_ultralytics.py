@@ -1,14 +1,16 @@
-"""yolo-cb against Ultralytics YOLO11n, side by side in one run: accuracy per second on ../shared/datasets/shapes.
+"""yolo-cb against Ultralytics YOLO11n or YOLO26n, side by side in one run: accuracy per second on a dataset.
 
-    python benchmarks/vs_ultralytics.py [--recipe both|equal|defaults] [--epochs 12] [--imgsz 320]
-                                        [--ours yolox-nano.yaml yolocb-n.yaml] [--out runs/bench/vs_ultralytics] [--quick]
+    python benchmarks/vs_ultralytics.py [--recipe both|equal|defaults] [--epochs 12] [--imgsz 320] [--data DIR]
+                                        [--ours yolocb-n.yaml yolox-nano.yaml] [--ultralytics-model yolo11n|yolo26n]
+                                        [--out runs/bench/vs_ultralytics] [--quick]
 
-Ultralytics is never a dependency: it runs in its own venv (--ultralytics-python, default /work/ulvenv/bin/python),
+--data: a YOLO dataset folder (data.yaml, images/ and labels/ {train,val}); default ../shared/datasets/shapes.
+Ultralytics is never a dependency: it runs in its own venv (--ultralytics-python, default /work/venv-ul/bin/python),
 and so does yolo-cb (--ours-python, default this checkout's .venv). This file is its own worker: each side is a
 subprocess of `<python> benchmarks/vs_ultralytics.py --worker SPEC.json`, which imports only its own library.
 
 The Ultralytics venv (outside the repo; measured with ultralytics 8.4.190, torch 2.14.1 on both sides):
-    python3.11 -m venv /work/ulvenv && /work/ulvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 ultralytics==8.4.190
+    python3.11 -m venv /work/venv-ul && /work/venv-ul/bin/pip install torch==2.14.1 torchvision==0.29.1 ultralytics==8.4.190
 
 What runs, per recipe (the method of ../shared/tools/time_to_accuracy.py: the same callbacks on both libraries):
 - each side from scratch, at the same time, each pinned to its own CPU core with 1 thread (torch, OpenMP/MKL, OpenCV);
@@ -22,7 +24,7 @@ amp=False; ours mlflow/tensorboard/onnx_check off. --ours-set / --ultralytics-se
 the settings table prints what each side resolved (optimizer, learning rate, accumulation, mosaic epochs).
 
 Per epoch: mAP50-95 (`metrics/mAP50-95(B)` on both) and the wall seconds since on_train_start at on_fit_epoch_end
-(training + validation + checkpoint). Printed: the curves, seconds per epoch, time to 0.14 / 0.35 / 0.5, as markdown
+(training + validation + checkpoint). Printed: the curves, seconds per epoch, time to 0.14 / 0.35 / 0.5 and each as a ratio of Ultralytics', as markdown
 tables for BENCHMARKS.md; raw figures in OUT/results.json, each run's log in OUT/<recipe>/*.log.
 
 The dataset is read in place: each run gets a temp folder whose images/ and labels/ split folders are symlinks to
@@ -46,9 +48,12 @@ import threading
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script: benchmarks/ itself is not on the path as a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.vs_report import report  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
-TARGETS = (0.14, 0.35, 0.5)
 MAP_KEY = "metrics/mAP50-95(B)"
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -189,10 +194,12 @@ def worker(spec_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 # driver: runs under any python; only the standard library
 # ----------------------------------------------------------------------------------------------------------------------
-def dataset_view(root: Path, quick: bool, n_train: int = 32, n_val: int = 16) -> Path:
-    """A temp folder viewing ../shared/datasets/shapes in place (symlinked split folders) and its data YAML."""
-    src = SHARED / "datasets" / "shapes"
-    names = [line.split(":", 1)[1].strip() for line in (src / "data.yaml").read_text().splitlines() if line.startswith("  ")]
+def dataset_view(root: Path, quick: bool, n_train: int = 32, n_val: int = 16, source: Path | None = None) -> Path:
+    """A temp folder viewing a dataset folder (default ../shared/datasets/shapes) in place (symlinked split folders) and
+    its data YAML. The folder holds data.yaml (names one per indented `i: name` line), images/ and labels/ {train,val}."""
+    src = Path(source or SHARED / "datasets" / "shapes").resolve()
+    src = src.parent if src.is_file() else src
+    names = [line.split(":", 1)[1].strip().strip("'\"") for line in (src / "data.yaml").read_text().splitlines() if line.startswith("  ")]
     root.mkdir(parents=True, exist_ok=True)
     for kind in ("images", "labels"):
         for split in ("train", "val"):
@@ -241,67 +248,18 @@ def run_group(jobs: list[dict], echo: bool = True) -> None:
         t.join()
 
 
-def reached(curve: list[dict], target: float):
-    return next((c for c in curve if c["map"] >= target), None)
-
-
-def fmt_reach(run: dict, target: float) -> str:
-    curve = run.get("curve") or []
-    hit = reached(curve, target)
-    if hit:
-        return f"epoch {hit['epoch']}, {hit['t']:.0f} s"
-    return f"not reached in {len(curve)} epoch{'s' * (len(curve) != 1)} ({curve[-1]['t']:.0f} s)" if curve else "no data"
-
-
-def per_epoch(run: dict, key: str) -> str:
-    curve = run.get("curve") or []
-    if not curve:
-        return "n/a"
-    if key == "t":
-        return f"{curve[-1]['t'] / len(curve):.1f}"
-    return f"{sum(c['train_s'] for c in curve) / len(curve):.1f}"
-
-
-def markdown(recipe: str, runs: list[dict]) -> str:
-    """Tables for one recipe: curves, then per-epoch costs and time to targets, then resolved settings."""
-    heads = [r["title"] for r in runs]
-    out = [f"### Recipe `{recipe}`: " + ("each library's defaults" if recipe == "defaults" else "one equal recipe"), ""]
-    out += ["| epoch | " + " | ".join(f"{h} mAP50-95 | s" for h in heads) + " |",
-            "|---:|" + "---:|---:|" * len(runs)]
-    n = max((len(r.get("curve") or []) for r in runs), default=0)
-    for e in range(1, n + 1):
-        cells = []
-        for r in runs:
-            c = next((c for c in r.get("curve") or [] if c["epoch"] == e), None)
-            cells += [f"{c['map']:.3f}", f"{c['t']:.0f}"] if c else ["", ""]
-        out.append(f"| {e} | " + " | ".join(cells) + " |")
-    out += ["", "| | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]
-    out.append("| seconds per epoch (train + val) | " + " | ".join(per_epoch(r, "t") for r in runs) + " |")
-    out.append("| seconds per epoch (train only) | " + " | ".join(per_epoch(r, "train_s") for r in runs) + " |")
-    out.append("| final mAP50-95 | " + " | ".join(f"{r['curve'][-1]['map']:.3f}" if r.get("curve") else "n/a" for r in runs) + " |")
-    for target in TARGETS:
-        out.append(f"| mAP50-95 ≥ {target} | " + " | ".join(fmt_reach(r, target) for r in runs) + " |")
-    out.append("| setup before epoch 1, s (not counted) | " + " | ".join(str(r.get("setup_s", "n/a")) for r in runs) + " |")
-    keys = []
-    for r in runs:
-        keys += [k for k in r.get("resolved", {}) if k not in keys]
-    out += ["", "<details><summary>settings each side resolved</summary>", "",
-            "| setting | " + " | ".join(heads) + " |", "|---|" + "---|" * len(runs)]
-    for k in keys:
-        out.append(f"| {k} | " + " | ".join(str(r.get("resolved", {}).get(k, "—")) for r in runs) + " |")
-    out += ["", "</details>", ""]
-    return "\n".join(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--recipe", choices=("both", "equal", "defaults"), default="both")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per run (default 12; 1 with --quick)")
     ap.add_argument("--imgsz", type=int, default=None, help="image size (default 320; 64 with --quick)")
-    ap.add_argument("--ours", nargs="+", default=["yolox-nano.yaml"], help="our model YAMLs, each compared with YOLO11n")
-    ap.add_argument("--ultralytics-model", default="yolo11n.yaml")
-    ap.add_argument("--ultralytics-python", default="/work/ulvenv/bin/python")
+    ap.add_argument("--data", type=Path, default=None, help="a YOLO dataset folder with data.yaml, images/ and labels/ "
+                    "{train,val} (default ../shared/datasets/shapes; benchmarks/make_datasets.py makes others)")
+    ap.add_argument("--ours", nargs="+", default=["yolocb-n.yaml"], help="our model YAMLs, each compared with --ultralytics-model")
+    ap.add_argument("--ultralytics-model", default="yolo11n", help="yolo11n | yolo26n (built from their YAML, no weights) or any "
+                    "model YAML Ultralytics takes")
+    ap.add_argument("--ultralytics-python", default="/work/venv-ul/bin/python")
     ap.add_argument("--ours-python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--ours-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra non-recipe settings for our side")
     ap.add_argument("--ultralytics-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra settings for Ultralytics")
@@ -333,7 +291,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vs_ultralytics_"))
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(), "cpu": _cpu_name(), "cores": cores, "epochs": epochs, "imgsz": imgsz, "quick": a.quick,
-            "dataset": str(SHARED / "datasets" / "shapes"), "ultralytics_python": a.ultralytics_python, "ours_python": a.ours_python}
+            "dataset": str(a.data or SHARED / "datasets" / "shapes"), "ultralytics_python": a.ultralytics_python, "ours_python": a.ours_python}
     results = {"meta": meta, "runs": []}
     n_groups = len(recipes) * len(groups)
     print(f"vs_ultralytics: {n_groups} group(s) of concurrent runs; cores {cores}; {epochs} epoch(s); imgsz {imgsz}; out {out}",
@@ -355,12 +313,12 @@ def run_all(a, recipes, groups, cores, concurrent, epochs, imgsz, out, tmp, resu
             k += 1
             jobs = []
             sides = [("yolo_cb", m, a.ours_python, parse_set(a.ours_set)) for m in models]
-            sides += [("ultralytics", a.ultralytics_model, a.ultralytics_python, parse_set(a.ultralytics_set))]
+            sides += [("ultralytics", ultralytics_yaml(a.ultralytics_model), a.ultralytics_python, parse_set(a.ultralytics_set))]
             for si, (lib, model, py, extra) in enumerate(sides):
                 stem = Path(model).stem
                 tag = f"{'ultralytics' if lib == 'ultralytics' else 'yolo-cb'}-{stem}" + (f"-g{gi + 1}" if lib == "ultralytics" and len(groups) > 1 else "")
                 work = tmp / recipe / tag
-                data = dataset_view(work / "shapes", a.quick)
+                data = dataset_view(work / "data", a.quick, source=a.data)
                 spec = {"lib": lib, "model": model, "data": str(data), "project": str(out / recipe / tag),
                         "settings": {**recipe_settings(lib, recipe, epochs, imgsz), **extra},
                         "core": cores[si % len(cores)], "result": str(work / "result.json")}
@@ -385,27 +343,9 @@ def run_all(a, recipes, groups, cores, concurrent, epochs, imgsz, out, tmp, resu
             (out / "results.json").write_text(json.dumps(results, indent=1))
 
 
-def report(a, recipes, results, cores, concurrent, epochs, imgsz, out, t_all) -> None:
-    """Print the markdown tables and save results.json with the versions and the total wall time."""
-    meta = results["meta"]
-    meta["total_wall_s"] = round(time.perf_counter() - t_all, 1)
-    versions = {r["lib"]: r.get("version") for r in results["runs"] if r.get("version")}
-    meta["versions"] = versions
-    meta["torch"] = sorted({r.get("torch") for r in results["runs"] if r.get("torch")})
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-
-    print("\n" + "=" * 100)
-    print(f"\n`{meta['command']}`\n\nyolo-cb {versions.get('yolo_cb')}, Ultralytics {versions.get('ultralytics')}, torch "
-          f"{', '.join(meta['torch'])}; {meta['cpu']}; {'each run pinned to its own core' if concurrent else 'one core, runs in turn'}"
-          f" ({', '.join(map(str, cores))}), 1 thread; {meta['date']}; {epochs} epoch{'s' * (epochs != 1)}, imgsz {imgsz}"
-          + (", QUICK smoke subset (32 train / 16 val images)" if a.quick else ", shapes 512 train / 128 val") + "\n")
-    for recipe in recipes:
-        runs = [r for r in results["runs"] if r["recipe"] == recipe]
-        print(markdown(recipe, runs))
-    attempts = sum(len(r.get("network_attempts") or []) for r in results["runs"])
-    print(f"network accesses blocked: {attempts}; total wall {meta['total_wall_s']:.0f} s; raw figures: {out / 'results.json'}")
-    if any(r.get("rc") for r in results["runs"]):
-        sys.exit(1)
+def ultralytics_yaml(name: str) -> str:
+    """yolo11n / yolo26n (with or without .yaml) as the YAML Ultralytics builds from scratch; other names as given."""
+    return name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
 
 
 def _yaml_scalar(v: str):

@@ -17,6 +17,7 @@ import yaml
 from yolo_cb import YOLO
 from yolo_cb.callbacks.engine import CallbackError
 from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.paths import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -151,13 +152,13 @@ def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path,
     last = run / "weights" / "last.pt"
     saved = yaml.safe_load((run / "args.yaml").read_text())
     ckpt = load_checkpoint(last)
-    assert saved["model"] == ckpt["train_args"]["model"] == "yolox-nano.yaml"
+    assert saved["model"] == ckpt["train_args"]["model"] == DEFAULT_MODEL == "yolocb-n.yaml"  # no model= given: the default
     assert saved["data"] == ckpt["train_args"]["data"] == str((a / "base.yaml").resolve())
     before = snapshot(run)
 
     other_model = cli(tmp_path, f"resume={last}", "model=yolox-tiny.yaml", "callbacks=")
     assert other_model.returncode == 2, other_model.stdout[-3000:] + other_model.stderr[-3000:]
-    assert "yolox-tiny.yaml" in other_model.stderr and "yolox-nano.yaml" in other_model.stderr and "Traceback" not in other_model.stderr
+    assert "yolox-tiny.yaml" in other_model.stderr and DEFAULT_MODEL in other_model.stderr and "Traceback" not in other_model.stderr
 
     original = (a / "base.yaml").read_text()
     write_data(a, shapes_dir, n_train=4)  # the same YAML now lists another dataset

@@ -31,7 +31,7 @@ Usage:
   yolo-cb help | version
 
 Examples:
-  yolo-cb train data=shapes.yaml model=yolox-nano.yaml epochs=10 imgsz=320
+  yolo-cb train data=shapes.yaml epochs=10 imgsz=320   (model= empty: yolocb-n.yaml; model=yolox-nano.yaml for YOLOX)
   yolo-cb train data=coco8.yaml callbacks=on_fit_epoch_end=mypkg.cbs:stop_at_target
   yolo-cb val model=runs/detect/train/weights/best.pt data=shapes.yaml
   yolo-cb export model=runs/detect/train/weights/best.pt format=onnx

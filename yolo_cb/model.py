@@ -1,6 +1,6 @@
 """The YOLO facade: one object to train, validate, predict and export, and to register callbacks on.
 
-    model = YOLO("yolox-nano.yaml")            # or "runs/detect/train/weights/best.pt" / "best.onnx"
+    model = YOLO()                             # yolocb-n.yaml; or "yolox-nano.yaml", "runs/detect/train/weights/best.pt", "best.onnx"
     model.add_callback("on_fit_epoch_end", fn)  # or model.callbacks["on_fit_epoch_end"].append(fn)
     metrics = model.train(data="shapes.yaml", epochs=10, imgsz=320)   # metrics.box.map == metrics["metrics/mAP50-95(B)"]
     results = model("image.jpg")               # = model.predict("image.jpg"): saves nothing unless save=True

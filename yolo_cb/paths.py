@@ -19,7 +19,7 @@ CFG_DIR = _find_cfg_dir()
 DEFAULT_CFG = CFG_DIR / "default.yaml"
 MODELS_DIR = CFG_DIR / "models"
 DATASETS_CFG_DIR = CFG_DIR / "datasets"
-DEFAULT_MODEL = "yolox-nano.yaml"  # the model YAML trained when none is named
+DEFAULT_MODEL = "yolocb-n.yaml"  # the model YAML trained when none is named (the fastest learner from scratch, BENCHMARKS.md)
 
 
 def _find_bundled(name: str, folder: Path, kind: str) -> Path:

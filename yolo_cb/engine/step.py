@@ -52,8 +52,7 @@ class BatchStep:
         self.optimizer_name, self.momentum = name, momentum
         optimizer = build_optimizer(model, name, lr, momentum, weight_decay)
         self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
-        # Adam-family optimizers diverge with SGD's large warmup bias lr: never start the bias above lr
-        self.warmup_bias_lr = args.warmup_bias_lr if name == "SGD" else min(args.warmup_bias_lr, lr)
+        self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
         use_amp = bool(args.amp) and device.type == "cuda"
         self.amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
         self.use_amp = use_amp
