@@ -53,43 +53,50 @@ def check_callbacks(value: Any) -> None:
             if not isinstance(key, str) or not key:
                 raise bad(item, "no event or callback name before '='" if is_event else "an empty name")
             arg = _placement(item, arg, bad)
-            if is_event:
-                if key not in EVENTS:
-                    raise bad(item, f"unknown event '{key}'.{event_hint(key)}")
-                if isinstance(arg, dict):
-                    if set(arg) != {"call"}:
-                        raise bad(item, f"'{key}: {{...}}' takes call: module:function (and name / after / before), got keys {sorted(arg)}")
-                    arg = arg["call"]
-                if isinstance(arg, str):
-                    if not arg:
-                        raise bad(item, f"no function after '{key}='; write {key}=module:function")
-                    try:
-                        arg = import_object(arg)
-                    except ValueError as error:
-                        raise bad(item, str(error)) from None
-                if not callable(arg):
-                    raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else short_repr(arg)} is a {type(arg).__name__}, "
-                                    f"not callable; point to a function fn(obj)")
-                continue
-            if arg is None or isinstance(arg, dict):
-                try:
-                    key, arg = resolve_alias(key, arg)  # SuperGradients' class names: ours, or one line naming ours
-                except ValueError as error:
-                    raise bad(item, str(error)) from None
-            if key in registered_names():
-                if arg is not None and not isinstance(arg, dict):
-                    raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {short_repr(arg)}")
-                _check_arguments(item, key, arg or {}, bad)
-                continue
-            if ":" not in key and "." not in key:
-                raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
-                                f"Registered: {', '.join(registered_names())}")
-            try:
-                obj = import_object(key)
-                if not isinstance(obj, type):
-                    event_methods(obj)  # an object must have on_* methods naming events
-            except ValueError as error:
-                raise bad(item, str(error)) from None
+            (_check_event_item if is_event else _check_named_item)(item, key, arg, bad)
+
+
+def _check_event_item(item: Any, key: str, arg: Any, bad) -> None:
+    """`event=module:function` (or `{event: {call: ...}}`): a known event and a function that imports."""
+    if key not in EVENTS:
+        raise bad(item, f"unknown event '{key}'.{event_hint(key)}")
+    if isinstance(arg, dict):
+        if set(arg) != {"call"}:
+            raise bad(item, f"'{key}: {{...}}' takes call: module:function (and name / after / before), got keys {sorted(arg)}")
+        arg = arg["call"]
+    if isinstance(arg, str):
+        if not arg:
+            raise bad(item, f"no function after '{key}='; write {key}=module:function")
+        try:
+            arg = import_object(arg)
+        except ValueError as error:
+            raise bad(item, str(error)) from None
+    if not callable(arg):
+        raise bad(item, f"{item.partition('=')[2].strip() if isinstance(item, str) else short_repr(arg)} is a {type(arg).__name__}, "
+                        f"not callable; point to a function fn(obj)")
+
+
+def _check_named_item(item: Any, key: str, arg: Any, bad) -> None:
+    """A registered name (with keyword arguments) or an import path to a class / an object with on_* methods."""
+    if arg is None or isinstance(arg, dict):
+        try:
+            key, arg = resolve_alias(key, arg)  # SuperGradients' class names: ours, or one line naming ours
+        except ValueError as error:
+            raise bad(item, str(error)) from None
+    if key in registered_names():
+        if arg is not None and not isinstance(arg, dict):
+            raise bad(item, f"the arguments of '{key}' must be a mapping of keyword arguments, got {short_repr(arg)}")
+        _check_arguments(item, key, arg or {}, bad)
+        return
+    if ":" not in key and "." not in key:
+        raise bad(item, f"'{key}' is not a registered callback.{did_you_mean(key, registered_names())} "
+                        f"Registered: {', '.join(registered_names())}")
+    try:
+        obj = import_object(key)
+        if not isinstance(obj, type):
+            event_methods(obj)  # an object must have on_* methods naming events
+    except ValueError as error:
+        raise bad(item, str(error)) from None
 
 
 def _check_arguments(item: Any, name: str, kwargs: dict, bad) -> None:
