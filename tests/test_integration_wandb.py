@@ -105,9 +105,12 @@ def test_offline_run_holds_config_losses_metrics_images_and_best_model(tiny, tmp
     assert [entry.path for entry in artifacts[0].manifest.contents] == ["best.pt"]
 
 
-def test_missing_package_is_one_warning_and_the_run_goes_on(tiny, monkeypatch, caplog):
+def test_asked_for_without_the_package_is_one_line_before_any_work(tiny, monkeypatch):
+    """wandb=True is asked for explicitly (it is off by default): without the package the run does not start, and the one
+    line says how to install it (an integration on by default only warns: test_integration_mlflow / tensorboard)."""
+    from yolo_cb.config import ConfigError
+
     monkeypatch.setitem(sys.modules, "wandb", None)  # the standard way to make `import wandb` fail
-    YOLO("yolox-nano.yaml").train(**{**tiny, "wandb": True})
-    lines = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage()]
-    assert lines == ["WARNING integration 'wandb' is off: it needs wandb (pip install 'yolo-cb[wandb]')"]
-    assert (Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt").is_file()
+    with pytest.raises(ConfigError, match=r"^wandb=True needs wandb, which is not installed: pip install 'yolo-cb\[wandb\]'"):
+        YOLO("yolox-nano.yaml").train(**{**tiny, "wandb": True})
+    assert not (Path(tiny["project"]) / tiny["name"] / "weights").exists()

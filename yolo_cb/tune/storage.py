@@ -14,7 +14,9 @@ from yolo_cb.errors import ConfigError
 from yolo_cb.integrations.mlflow import public_uri
 
 EXAMPLES = "e.g. sqlite:////abs/path/study.db or postgresql://user:pass@host:5432/db, or leave storage= empty for study.db in the tune folder"
-RACE_SIGNS = ("locked", "already exists", "UNIQUE constraint failed")  # several processes creating one new SQLite file's tables
+# several processes creating one new database's tables at once (SQLite: a lock or a table made by the other; PostgreSQL:
+# the other's CREATE TABLE took the type name first): the loser tries again and finds the tables
+RACE_SIGNS = ("locked", "already exists", "UNIQUE constraint failed", "duplicate key value violates unique constraint")
 
 
 def bad_storage(url: str, why: str) -> ConfigError:
@@ -53,7 +55,7 @@ def open_storage(optuna, url: str):
 
     parsed = check_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
-    for attempt in range(3):  # several processes on one new file may race to create its tables: the loser tries again
+    for attempt in range(3):  # several processes on one new database may race to create its tables: the loser tries again
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}} if sqlite else {})
         except NoSuchModuleError:
@@ -63,6 +65,6 @@ def open_storage(optuna, url: str):
                                    f"pip install it, or name an installed driver in the URL ({parsed.get_backend_name()}+<driver>://...)") from None
         except SQLAlchemyError as error:
             reason = str(getattr(error, "orig", None) or error).splitlines()[0][:300]
-            if attempt == 2 or not (sqlite and any(sign in reason for sign in RACE_SIGNS)):
+            if attempt == 2 or not any(sign in reason for sign in RACE_SIGNS):
                 raise bad_storage(url, f"cannot open the database: {reason}") from None
             time.sleep(1.0 + attempt)
