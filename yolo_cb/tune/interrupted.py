@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import datetime
 from pathlib import Path
 
 from yolo_cb.engine.checkpoint import checkpoint_epoch, load_checkpoint
 from yolo_cb.engine.resume import RESUME_MUTABLE, is_finished
 from yolo_cb.utils.log import LOGGER
+
+UNRECORDED_GRACE_S = 120  # a RUNNING trial with no process recorded this long after its start was cut short
 
 
 def record_process(trial) -> None:
@@ -23,10 +26,12 @@ def record_process(trial) -> None:
 
 
 def _process_gone(trial) -> bool:
-    """Whether the process that ran a RUNNING trial is gone: it is this host's and no longer exists (or none was recorded)."""
+    """Whether the process that ran a RUNNING trial is gone: it is this host's and no longer exists, or it recorded none
+    within UNRECORDED_GRACE_S of starting (a worker records its process a moment after creating the trial)."""
     pid, host = trial.user_attrs.get("pid"), trial.user_attrs.get("host")
     if pid is None:
-        return True
+        started = trial.datetime_start
+        return started is None or (datetime.now() - started).total_seconds() > UNRECORDED_GRACE_S
     if host != socket.gethostname():
         return False  # another machine's trial: it may be running still
     if int(pid) == os.getpid():
