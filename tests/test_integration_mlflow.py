@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
+from yolo_cb.engine.ddp import free_port
 from yolo_cb.integrations.mlflow import public_uri, safe_key
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
               "metrics/precisionB", "metrics/recallB", "metrics/mAP50B", "metrics/mAP50-95B", "fitness", "val/iou_loss", "val/l1_loss")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

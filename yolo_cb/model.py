@@ -306,13 +306,9 @@ class DetectionTrainer(Trainer):
         for event, fns in (_callbacks.items() if _callbacks is not None else ()):
             for fn in fns:
                 user.add_callback(event, fn)
-        super().__init__(args, callbacks=_trainer_callbacks(args, user), model=source if resuming is None else None)
+        super().__init__(args, callbacks=build_trainer_callbacks(args, user), model=source if resuming is None else None)
         if resuming is not None:
             self.resume_ckpt = resuming.ckpt
-
-
-def _trainer_callbacks(args, user: Callbacks) -> Callbacks:
-    return build_trainer_callbacks(args, user)
 
 
 def _direct_train_args(overrides: dict) -> tuple[Any, Any, Any]:
