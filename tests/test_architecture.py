@@ -21,10 +21,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.config"),  # the settings: parsed, typed, checked
-    ("yolo_cb.engine", "yolo_cb.weights"),  # trainer, validator, predictor, exporter, checkpoints, official weights
-    ("yolo_cb.callbacks.builtin", "yolo_cb.callbacks.lr_schedule", "yolo_cb.callbacks.record", "yolo_cb.callbacks.assemble",
-     "yolo_cb.integrations"),
-    ("yolo_cb.engine.ddp",),  # launches trainers with their callbacks, one per process
+    ("yolo_cb.engine",),  # trainer, validator, predictor, exporter, checkpoints, official weights (engine.weights)
+    ("yolo_cb.callbacks.lr_schedule", "yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
+    # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
+    ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
     ("yolo_cb.tune",),  # studies of trainings
     ("yolo_cb.model",),  # the YOLO facade
     ("yolo_cb.cli",),
@@ -57,9 +57,31 @@ def imports_of(path: Path, modules: set[str], missing: list[str] | None = None) 
             found.update(submodules)
             if len(submodules) < len(node.names):
                 found.add(base)
+        elif _imports_by_name(node):  # importlib.import_module("yolo_cb.x"): an import all the same
+            found.add(node.args[0].value)
     if missing is not None:
         missing += [f"{name} imports {m}" for m in sorted(found) if (m == "yolo_cb" or m.startswith("yolo_cb.")) and m not in modules]
     return {m for m in found if m in modules and m != name}
+
+
+def _imports_by_name(node: ast.AST) -> bool:
+    """A call import_module("<a literal module name>") (importlib's, or __import__)."""
+    return (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) in ("import_module", "__import__")))
+
+
+def package_of(module: str) -> str:
+    """The folder a module lives in, as drawn: yolo_cb.engine for yolo_cb.engine.trainer; a top-level module is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between yolo_cb's folders and top-level modules (imports inside one folder dropped)."""
+    folders: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        folders.setdefault(package_of(module), set()).update(package_of(d) for d in deps if package_of(d) != package_of(module))
+    return folders
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -109,6 +131,13 @@ def test_the_import_graph_has_no_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
+def test_the_folders_import_each_other_in_no_cycle():
+    """As the import graph is drawn folder by folder: callbacks/ never imports engine/ back, nor utils/ errors back."""
+    folders = package_graph(import_graph())
+    assert {"yolo_cb.callbacks", "yolo_cb.engine", "yolo_cb.utils", "yolo_cb.assembly"} <= set(folders)
+    assert find_cycle(folders) is None, f"folders in a cycle: {' -> '.join(find_cycle(folders))}"
+
+
 def test_every_module_has_a_layer():
     unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
     assert not unplaced, f"modules in no layer of LAYERS (place them): {unplaced}"
@@ -133,8 +162,12 @@ def test_the_checker_sees_a_planted_cycle_and_an_upward_arrow():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+    planted = ast.parse('import importlib\nimportlib.import_module("yolo_cb.model")\n')
+    assert any(_imports_by_name(node) for node in ast.walk(planted))  # a dynamic import of a literal name is seen
+    assert package_graph({"yolo_cb.callbacks.x": {"yolo_cb.engine.y", "yolo_cb.callbacks.z"}, "yolo_cb.engine.y": {"yolo_cb.callbacks.z"}}) == {
+        "yolo_cb.callbacks": {"yolo_cb.engine"}, "yolo_cb.engine": {"yolo_cb.callbacks"}}
     assert layer_of("yolo_cb.utils.draw") == 0 and layer_of("yolo_cb.callbacks.registry") == 3
-    assert layer_of("yolo_cb.engine.ddp") > layer_of("yolo_cb.callbacks.builtin") > layer_of("yolo_cb.engine.checkpoint")
+    assert layer_of("yolo_cb.launch") > layer_of("yolo_cb.assembly.builtin") > layer_of("yolo_cb.engine.checkpoint")
     assert layer_of("yolo_cb") == len(LAYERS) - 1 and layer_of("yolo_cb.nowhere") is None
     assert upward_imports({"yolo_cb.utils.files": {"yolo_cb.model"}, "yolo_cb.model": {"yolo_cb.utils.files"}}) == [
         "yolo_cb.utils.files -> yolo_cb.model"]

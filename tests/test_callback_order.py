@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.callbacks.assemble import build_trainer_callbacks
 from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
 

@@ -75,7 +75,7 @@ def section_examples(title: str) -> list[str]:
 def test_order_examples_place_the_callbacks_as_documented():
     import torch
 
-    from yolo_cb.callbacks.assemble import build_trainer_callbacks
+    from yolo_cb.assembly.assemble import build_trainer_callbacks
     from yolo_cb.config import get_config
 
     model = YOLO("yolox-nano.yaml")

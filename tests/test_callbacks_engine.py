@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks, parse_specs
 from yolo_cb.callbacks import EVENTS, CallbackError, Callbacks, rank_zero_only
-from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks, parse_specs
 from yolo_cb.callbacks.registry import REGISTRY, register_callback
 from yolo_cb.config import get_config
 
@@ -153,7 +153,7 @@ def test_specs_cli_and_yaml_forms_register_the_same(tmp_path):
 
 
 def test_unknown_registered_name_and_bad_import_path():
-    with pytest.raises(ValueError, match="not registered.*Did you mean 'early_stopping'"):
+    with pytest.raises(ValueError, match="'early_stoping' is not a registered callback. Did you mean 'early_stopping'"):
         apply_specs(Callbacks(), "early_stoping")
     with pytest.raises(ValueError, match="cannot import module 'nopkg.mod'"):
         apply_specs(Callbacks(), "on_train_end=nopkg.mod:fn")

@@ -238,7 +238,7 @@ def test_recursive_alias_and_deep_nesting_are_one_line(tmp_path):
 
 
 def test_a_few_aliases_still_load(tmp_path):
-    from yolo_cb.errors import load_yaml
+    from yolo_cb.utils.yaml_safe import load_yaml
 
     (tmp_path / "ok.yaml").write_text("base: &b {lr0: 0.01, epochs: 3}\nrun: {<<: *b, epochs: 5}\nlist: [*b, *b]\n")
     assert load_yaml(tmp_path / "ok.yaml") == {"base": {"lr0": 0.01, "epochs": 3}, "run": {"lr0": 0.01, "epochs": 5},

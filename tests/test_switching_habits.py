@@ -185,19 +185,23 @@ def test_every_habit_example_runs(tiny, capsys):
 
 # --- SuperGradients names, callback_modules=, multi_process_safe, wall_e names --------------------------------------
 def test_supergradients_names_are_built_as_ours_or_refused_naming_ours():
+    from yolo_cb.assembly.catalog import check_callback_names
     from yolo_cb.callbacks import multi_process_safe, rank_zero_only
     from yolo_cb.config import get_config
 
+    def check(callbacks):  # the form is checked by the settings, the registered names (and aliases) by the catalog
+        check_callback_names(get_config({"callbacks": callbacks}).callbacks)
+
     assert multi_process_safe is rank_zero_only
     with pytest.raises(ConfigError, match=r"'EarlyStop' is a SuperGradients callback.*\(here: patience=3 monitor_mode=max monitor=fitness\)"):
-        get_config({"callbacks": [{"EarlyStop": {"patience": 3, "mode": "max", "monitor": "fitness"}}]})
+        check([{"EarlyStop": {"patience": 3, "mode": "max", "monitor": "fitness"}}])
     for name, ours in (("TimerCallback", "timing is built in"), ("CosineLRCallback", "lr_scheduler=cosine"),
                        ("PPYoloETrainingStageSwitchCallback", "close_mosaic=")):
         with pytest.raises(ConfigError, match=rf"'{name}' is a SuperGradients callback yolo-cb does not build: .*{re.escape(ours)}"):
-            get_config({"callbacks": name})
+            check(name)
     with pytest.raises(ConfigError, match=r"built here as 'onnx_check', which has no counterpart of model_name"):
-        get_config({"callbacks": [{"ModelConversionCheckCallback": {"model_name": "yolox", "atol": 1e-3}}]})
-    get_config({"callbacks": [{"ModelConversionCheckCallback": {"atol": 1e-3}}, "YoloXTrainingStageSwitchCallback"]})
+        check([{"ModelConversionCheckCallback": {"model_name": "yolox", "atol": 1e-3}}])
+    check([{"ModelConversionCheckCallback": {"atol": 1e-3}}, "YoloXTrainingStageSwitchCallback"])
     with pytest.raises(ValueError, match=r"'after_running_batch' is a wall_e name: here it is 'on_train_batch_end'"):
         Callbacks().add_callback("after_running_batch", print)
 
@@ -224,7 +228,7 @@ def test_callback_modules_imports_a_registered_callback_for_the_cli(tiny, tmp_pa
 
 # --- Ultralytics API bits: Results, metrics.confusion_matrix, callbacks helpers -------------------------------------
 def test_ultralytics_results_metrics_and_callback_helpers(tiny, tmp_path, monkeypatch, shapes_dir):
-    from yolo_cb.callbacks.assemble import add_integration_callbacks, get_default_callbacks
+    from yolo_cb.assembly.assemble import add_integration_callbacks, get_default_callbacks
 
     callbacks = get_default_callbacks()
     assert "Checkpoint" in [type(e.owner).__name__ for e in callbacks.entries("on_model_save")]

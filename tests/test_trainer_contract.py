@@ -55,7 +55,7 @@ def test_every_name_callbacks_read_is_on_the_trainer(trained):
     assert len(own) <= 15, own
 
 
-OUR_CALLBACK_CODE = ("yolo_cb/callbacks", "yolo_cb/integrations", "yolo_cb/tune", "yolo_cb/engine/ddp.py", "yolo_cb/model.py")
+OUR_CALLBACK_CODE = ("yolo_cb/callbacks", "yolo_cb/integrations", "yolo_cb/tune", "yolo_cb/launch.py", "yolo_cb/model.py")
 
 
 def names_read_on_trainer(root: Path) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_every_trainer_name_our_callbacks_read_is_declared():
     assert len(read) > 30  # the scan finds the reads (it would pass vacuously on a wrong root)
     instance = Trainer(get_config({}))
     undeclared = {n: where for n, where in read.items() if not (hasattr(Trainer, n) or n in vars(instance))}
-    unpinned = {n: where for n, where in read.items() if n not in CALLBACK_NAMES + ("train",)}  # train(): ddp.py runs it
+    unpinned = {n: where for n, where in read.items() if n not in CALLBACK_NAMES + ("train",)}  # train(): launch.py runs it
     assert not undeclared and not unpinned, (undeclared, unpinned)
 
 

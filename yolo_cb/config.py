@@ -17,11 +17,11 @@ import yaml
 
 from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
-from yolo_cb.errors import ConfigError, load_yaml, short_repr
+from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.suggest import did_you_mean
-from yolo_cb.utils.yaml_safe import yaml_loads
+from yolo_cb.utils.yaml_safe import load_yaml, yaml_loads
 
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "parse_freeze",
            "save_config"]

@@ -7,8 +7,6 @@ from the builtin that code outside may already catch (ValueError, OSError).
 
 from __future__ import annotations
 
-from yolo_cb.utils.yaml_safe import yaml_loads
-
 
 class UserError(Exception):
     """Bad input or environment, raised where it is detected, with a message saying what would be right."""
@@ -61,36 +59,3 @@ def os_reason(error: OSError) -> str:
         return special[error.errno]
     text = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
     return text[:1].lower() + text[1:]
-
-
-def yaml_error_message(path, error: Exception, what: str = "YAML file") -> str:
-    """One line for a YAML that cannot be loaded safely: the file, the line and column, and what to change."""
-    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    problem = " ".join(str(getattr(error, "problem", None) or error).split())
-    if type(error).__name__ == "YAMLLimitError":
-        return f"{path}: {where}refused: {problem}; yolo-cb does not expand such a {what}: write the values out"
-    if "could not determine a constructor for the tag" in problem:
-        tag = problem.split("tag", 1)[1].strip(" '\"").replace("tag:yaml.org,2002:", "!!")
-        return (f"{path}: {where}the tag '{tag}' is not allowed in a {what}; yolo-cb loads YAML safely (mappings, lists, "
-                f"strings, numbers, booleans only): replace the tagged value with a plain one")
-    return f"{path}: {where}not valid YAML ({problem}); fix the {what} so that it parses"
-
-
-def load_yaml(path, error_type: type[UserError] = ConfigError, what: str = "YAML file"):
-    """A text file parsed by yolo_cb.utils.yaml_safe (safe tags, bounded aliases); any failure (I/O, not text, not YAML,
-    an unsafe tag, an alias bomb) raises ``error_type`` with one line naming the file and the place."""
-    from pathlib import Path
-
-    import yaml
-
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise error_type(f"{path}: not a text file, so not a {what}") from None
-    except OSError as e:
-        raise error_type(f"{path}: cannot read the {what} ({os_reason(e)})") from None
-    try:
-        return yaml_loads(text)
-    except yaml.YAMLError as e:
-        raise error_type(yaml_error_message(path, e, what)) from None

@@ -19,14 +19,14 @@ from typing import Any
 from torch import nn
 
 from yolo_cb import paths
-from yolo_cb.callbacks.assemble import apply_specs, build_trainer_callbacks
+from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
+from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
 from yolo_cb.config import Config, ConfigError, get_config
 from yolo_cb.engine import resume
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from yolo_cb.engine.ddp import launch_ddp, world_size_for
 from yolo_cb.engine.exporter import Exporter
 from yolo_cb.engine.predictor import Predictor
 from yolo_cb.engine.resume import finished_run
@@ -34,12 +34,13 @@ from yolo_cb.engine.trainer import Trainer
 from yolo_cb.engine.trainer_hooks import refuse_unread_hooks
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.engine.validator import Validator
+from yolo_cb.engine.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
+from yolo_cb.launch import launch_ddp, world_size_for
 from yolo_cb.nn import build_model
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
 from yolo_cb.tune import tune
 from yolo_cb.utils.log import setup_logging
-from yolo_cb.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
 
 
 class _DefaultModel(str):
@@ -71,7 +72,7 @@ class YOLO:
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
-        verified and converted (yolo_cb.weights), then used as the model; returns kwargs with model= resolved."""
+        verified and converted (yolo_cb.engine.weights), then used as the model; returns kwargs with model= resolved."""
 
         named = kwargs.get("model", self.source)
         if not is_weights_name(named):
@@ -173,6 +174,7 @@ class YOLO:
             return self._finished_run(resuming, kwargs)
         args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source, resolved)
         setup_logging(args.verbose)
+        check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
             return self._train_ddp(args, trainer_class, source, resuming)

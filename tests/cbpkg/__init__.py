@@ -61,7 +61,7 @@ def kill_before_best(trainer):
     before best.pt is (the checkpoint callback's next save_checkpoint call); a no-op without the variable."""
     if "CBPKG_KILL_AT_EPOCH" not in os.environ:
         return
-    from yolo_cb.callbacks import builtin
+    from yolo_cb.assembly import builtin
 
     at, original = int(os.environ["CBPKG_KILL_AT_EPOCH"]), builtin.save_checkpoint
 

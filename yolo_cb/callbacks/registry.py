@@ -1,7 +1,7 @@
 """Names for callbacks: `@register_callback` for a callback class or factory, `@integration` for one that a setting
 switches on; `callbacks=` declarations parsed into items. It imports only the engine, errors and utils: the modules
-that register import it, and `load_builtins` finds them by name (see callbacks/assemble.py for building callbacks
-from names and the trainer's set).
+that register import it, and yolo_cb/assembly/catalog.py imports every one of them (so that a registered name can be
+checked), see yolo_cb/assembly/assemble.py for building callbacks from names and the trainer's set.
 
 An integration is one file in yolo_cb/integrations/ that declares everything about itself where it registers:
 
@@ -14,7 +14,6 @@ plus its setting's line in cfg/default.yaml. Nothing else names it.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,8 +119,8 @@ EARLY_STOP_SETTINGS = {"monitor": "monitor", "mode": "monitor_mode", "min_delta"
 
 def resolve_alias(name: str, kwargs: dict | None) -> tuple[str, dict | None]:
     """(the registered name, its keyword arguments) for a callback declared by another framework's class name; the same
-    pair for any other name. ValueError (one line, naming ours) for a class refused or a parameter ours does not take."""
-    load_builtins()  # the built-in callbacks and integrations declare their aliases where they register
+    pair for any other name. ValueError (one line, naming ours) for a class refused or a parameter ours does not take.
+    The aliases are declared where their callbacks register: yolo_cb/assembly/catalog.py loads them all first."""
     if name in FOREIGN_CALLBACKS:
         given = " ".join(f"{EARLY_STOP_SETTINGS[k]}={v}" for k, v in (kwargs or {}).items() if k in EARLY_STOP_SETTINGS)
         here = f" (here: {given})" if name == "EarlyStop" and given else ""
@@ -160,25 +159,6 @@ def import_object(path: str) -> Any:
             raise ValueError(f"callback '{path}': module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     return obj
-
-
-# the package of integrations: every module in it is imported, and registers itself with @integration
-INTEGRATIONS_PACKAGE = "yolo_cb.integrations"
-
-
-def load_builtins() -> None:
-    """Import the built-in callbacks and every integration module, which registers them (idempotent)."""
-    importlib.import_module("yolo_cb.callbacks.builtin")
-    importlib.import_module("yolo_cb.callbacks.record")
-    importlib.import_module("yolo_cb.callbacks.lr_schedule")
-    package = importlib.import_module(INTEGRATIONS_PACKAGE)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{INTEGRATIONS_PACKAGE}.{module.name}")
-
-
-def registered_names() -> list[str]:
-    load_builtins()
-    return sorted(REGISTRY)
 
 
 def parse_specs(value: Any) -> list:

@@ -23,13 +23,13 @@ from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
 from yolo_cb.engine.val_sets import extra_sets, placeholder_keys
 from yolo_cb.engine.validator import Validator
+from yolo_cb.engine.weights import resolve_weights
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn import build_model as build
 from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
-from yolo_cb.weights import resolve_weights
 
 
 def loss_settings(args: Config) -> dict[str, Any]:

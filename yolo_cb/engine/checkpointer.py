@@ -1,6 +1,6 @@
 """What a checkpoint holds (`checkpoint_dict`), last.pt after an error or a signal, and best.pt validated at the end.
 
-The checkpoint callback (yolo_cb/callbacks/builtin.py) decides when to write; this module says what is written.
+The checkpoint callback (yolo_cb/assembly/builtin.py) decides when to write; this module says what is written.
 """
 
 from __future__ import annotations

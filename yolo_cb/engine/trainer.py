@@ -24,7 +24,7 @@ from yolo_cb.engine.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.engine.monitor import Monitor
 from yolo_cb.engine.place import Place, make_save_dir
 from yolo_cb.engine.run_state import Clock, Progress, RunState, delegate, state_field
-from yolo_cb.engine.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: engine/ddp.py reads it here)
+from yolo_cb.engine.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
 from yolo_cb.engine.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError  # noqa: F401  (public names)
 from yolo_cb.engine.stop import StopCause, refuse_foreign_stop_flag
 from yolo_cb.paths import DEFAULT_MODEL

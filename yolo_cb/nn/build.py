@@ -7,8 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError, load_yaml, short_repr
+from ..errors import ConfigError, short_repr
 from ..paths import MODELS_DIR, find_model_cfg
+from ..utils.yaml_safe import load_yaml
 from .detector import Detector
 from .summary import log_summary
 from .yolocb.model import FAMILY as YOLOCB_FAMILY

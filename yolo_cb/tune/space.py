@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.config import FRACTIONS, INT_RANGES, NONNEG_FLOATS, POSITIVE_FLOATS, coerce, describe_settings, load_defaults
-from yolo_cb.errors import ConfigError, load_yaml
+from yolo_cb.errors import ConfigError
 from yolo_cb.utils.suggest import did_you_mean
+from yolo_cb.utils.yaml_safe import load_yaml
 
 # Sections of cfg/default.yaml whose settings may be tuned, less the keys there that only say how a run is carried out.
 TUNABLE_SECTIONS = ("training", "optimisation", "loss", "augmentation", "YOLOX stage switch")

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import yaml
 
+from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.config import ALIASES, coerce, get_config, load_defaults
 from yolo_cb.data.resolve import check_data
-from yolo_cb.engine.ddp import world_size_for
 from yolo_cb.engine.optim import resolve_optimizer
 from yolo_cb.engine.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings
-from yolo_cb.errors import ConfigError, UserError, load_yaml
+from yolo_cb.errors import ConfigError, UserError
 from yolo_cb.integrations.mlflow import public_uri
+from yolo_cb.launch import world_size_for
 from yolo_cb.settings_schema import RULES
 from yolo_cb.tune import report
 from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
@@ -33,6 +34,7 @@ from yolo_cb.tune.storage import open_storage
 from yolo_cb.tune.tracking import TuneTracker
 from yolo_cb.utils.files import atomic_write_text, default_project, run_dir
 from yolo_cb.utils.log import LOGGER, setup_logging
+from yolo_cb.utils.yaml_safe import load_yaml
 
 RECORD = "tune.yaml"  # the study's name, storage, settings and space: what resume= reads back
 STUDY_DB = "study.db"
@@ -86,6 +88,7 @@ class Tuner:
             kwargs = self._resumed_kwargs(record, kwargs)
             self.source = self._resumed_model(record, model, named)
         self.args = get_config({**kwargs, "mode": "tune", **({"model": self.source} if self.source else {})})
+        check_callback_names(self.args.callbacks)  # every trial would fail on it: one line before the study starts
         setup_logging(self.args.verbose)
         self._check_args()
         given = {k: getattr(self.args, k) for k in kwargs if k not in TUNE_ONLY}

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from yolo_cb.errors import CheckpointError, load_yaml
+from yolo_cb.errors import CheckpointError
 from yolo_cb.paths import find_dataset_cfg
+from yolo_cb.utils.yaml_safe import load_yaml
 from yolo_cb.version import __version__
 
 from ...paths import MODELS_DIR

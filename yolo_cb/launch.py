@@ -1,7 +1,7 @@
 """Self-launched DDP: `model.train(nproc=2)` / `yolo-cb train device=0,1` start one worker process per rank.
 
 The parent serialises the settings and the user's callbacks — closures and lambdas included — with
-cloudpickle into a payload file; each worker (`python -m yolo_cb.engine.ddp PAYLOAD`) restores them,
+cloudpickle into a payload file; each worker (`python -m yolo_cb.launch PAYLOAD`) restores them,
 so callbacks added in Python run on every rank instead of being lost. torchrun users skip this
 module: `torchrun --nproc_per_node N -m yolo_cb train ...` sets the environment itself.
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.callbacks.assemble import build_trainer_callbacks
+from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.config import get_config
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.engine.trainer import SIGNAL_EXIT, Trainer
@@ -79,7 +79,7 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
     if len(devices) > 1:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     LOGGER.info(f"DDP: starting {world} worker processes ({'gloo on CPU' if not devices or devices == ['cpu'] else 'nccl on ' + ','.join(devices)})")
-    procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.engine.ddp", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+    procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.launch", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(world)]
     codes = _wait(procs, timeout)
     try:

@@ -17,27 +17,26 @@ import importlib
 import importlib.util
 from typing import Any
 
-from yolo_cb.callbacks.builtin import DEFAULTS
+from yolo_cb.assembly.builtin import DEFAULTS
+from yolo_cb.assembly.catalog import load_integrations, not_registered, registered_declarations
 from yolo_cb.callbacks.engine import Callbacks
-from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.lr_schedule import schedule_callback
 from yolo_cb.callbacks.record import warn_foreign_events
-from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, load_builtins, parse_specs, resolve_alias
+from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, parse_specs
+from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings_schema import load_defaults
 from yolo_cb.utils.log import LOGGER
-from yolo_cb.utils.suggest import did_you_mean
 
 __all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
-           "load_builtins", "parse_specs"]
-PLACEMENT = ("name", "after", "before")  # keys of a YAML declaration that place the callback (never passed to it)
+           "parse_specs"]
 
 
 def build_registered(name: str, kwargs: dict | None = None) -> Any:
-    load_builtins()
+    load_integrations()
     if name not in REGISTRY:
-        raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
+        raise ValueError(f"callback {not_registered(name)}")
     obj = REGISTRY[name](**(kwargs or {}))
     if getattr(obj, "registry_name", None) != name:
         try:
@@ -48,55 +47,28 @@ def build_registered(name: str, kwargs: dict | None = None) -> Any:
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:
-    """Register every declared callback in `value` on `callbacks` (origin "yaml")."""
-    for item in parse_specs(value):
-        if isinstance(item, dict):
-            for key, arg in item.items():
-                if key in EVENTS:
-                    _add_function(callbacks, key, arg)
-                else:
-                    _add_object(callbacks, key, arg if isinstance(arg, dict) else None)
-        elif "=" in item:
-            event, _, path = item.partition("=")
-            _add_function(callbacks, event.strip(), path.strip())
-        else:
-            _add_object(callbacks, item, None)
+    """Register every declared callback in `value` on `callbacks` (origin "yaml"); a declaration that cannot work is a
+    ConfigError naming it, raised before any of them is built."""
+    check_callbacks(value)
+    for declared in registered_declarations(value):
+        (_add_function if declared.is_event else _add_object)(callbacks, declared)
 
 
-def _placement(kwargs: dict | None) -> tuple[dict, dict]:
-    """A declaration's arguments split into (name / after / before, the rest)."""
-    kwargs = dict(kwargs or {})
-    return {k: kwargs.pop(k) for k in PLACEMENT if k in kwargs}, kwargs
+def _add_function(callbacks: Callbacks, declared: Declaration) -> None:
+    fn = import_object(declared.arg) if isinstance(declared.arg, str) else declared.arg
+    callbacks.add_callback(declared.key, fn, origin="yaml", **declared.place)
 
 
-def _add_function(callbacks: Callbacks, event: str, path: Any) -> None:
-    if event not in EVENTS:
-        raise ValueError(f"callbacks: unknown event '{event}'.{event_hint(event)}")
-    place: dict = {}
-    if isinstance(path, dict):
-        place, rest = _placement(path)
-        if set(rest) != {"call"}:
-            raise ValueError(f"callbacks: '{event}: {path}' must be {{call: module:function}} with optional name / after / before; "
-                             f"got keys {sorted(rest)}")
-        path = rest["call"]
-    fn = import_object(path) if isinstance(path, str) else path
-    callbacks.add_callback(event, fn, origin="yaml", **place)
-
-
-def _add_object(callbacks: Callbacks, name: str, kwargs: dict | None) -> None:
-    load_builtins()
-    place, kwargs = _placement(kwargs)
-    name, kwargs = resolve_alias(name, kwargs)  # SuperGradients' YoloXTrainingStageSwitchCallback -> stage_switch
-    if name in REGISTRY:
-        obj = build_registered(name, kwargs)
-        callbacks.remove(name)  # a declared built-in (with its parameters) replaces the one the settings registered
-    else:
-        if ":" not in name and "." not in name:
-            raise ValueError(f"callback '{name}' is not registered.{did_you_mean(name, REGISTRY)} Registered: {', '.join(sorted(REGISTRY))}")
-        obj = import_object(name)
+def _add_object(callbacks: Callbacks, declared: Declaration) -> None:
+    if declared.is_import_path:
+        obj = import_object(declared.key)
         if isinstance(obj, type):
-            obj = obj(**(kwargs or {}))
-    callbacks.add_callbacks(obj, name=place.pop("name", None) or getattr(obj, "registry_name", None), origin="yaml", **place)
+            obj = obj(**(declared.arg or {}))
+    else:
+        obj = build_registered(declared.key, declared.arg)
+        callbacks.remove(declared.key)  # a declared built-in (with its parameters) replaces the one the settings registered
+    name = declared.place.get("name") or getattr(obj, "registry_name", None)
+    callbacks.add_callbacks(obj, name=name, origin="yaml", **{k: v for k, v in declared.place.items() if k != "name"})
 
 
 def importable(module: str) -> bool:
@@ -116,6 +88,7 @@ def add_integration_callbacks(instance: Any, args: Any = None) -> None:
     onto instance.callbacks (or onto `instance`, a Callbacks), each once, in name order (never the order modules were
     imported in). A missing package warns for an integration on by default and is an error for one the settings turned
     on (wandb=True)."""
+    load_integrations()
     callbacks = instance if isinstance(instance, Callbacks) else instance.callbacks
     args = args if args is not None else instance.args
     present = {getattr(e.owner, "registry_name", None) for e in callbacks.entries()}
@@ -134,7 +107,6 @@ def add_integration_callbacks(instance: Any, args: Any = None) -> None:
 def get_default_callbacks(args: Any = None) -> Callbacks:
     """Ultralytics' get_default_callbacks(): a Callbacks (a dict of live lists) holding the built-in defaults a trainer of
     `args` has (default: the default settings), without integrations or the user's."""
-    load_builtins()
     args = args if args is not None else get_config({"mode": "train"})
     callbacks = Callbacks()
     for name in DEFAULTS:
