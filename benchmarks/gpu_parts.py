@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_train import Throughput, train_rows, ultralytics_rows  # noqa: E402
+from benchmarks.gpu_train import train_rows, ultralytics_rows  # noqa: E402
 
 STOP_BATCH = 1  # the DDP part's callback sets trainer.stop on rank 1 at this batch of the first epoch
 

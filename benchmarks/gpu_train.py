@@ -55,14 +55,23 @@ class Throughput:
             self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated())
         if self.intervals:
             self.intervals[-1][1] += time.perf_counter() - self.last
-        tloss = getattr(trainer, "tloss", None)
-        self.loss = float(tloss.sum()) if tloss is not None else None
+        self.loss = total_loss(getattr(trainer, "tloss", None))
 
     def figures(self) -> dict:
         timed = self.intervals[self.warm:] if len(self.intervals) > self.warm else self.intervals
         images, seconds = sum(i for i, _ in timed), sum(t for _, t in timed)
         return {"ips": images / seconds if seconds > 0 else None, "timed_images": images, "timed_batches": len(timed),
                 "peak_mib": self.peak_bytes / 2**20 if self.peak_bytes else None, "loss": self.loss, "amp": self.amp}
+
+
+def total_loss(tloss) -> float | None:
+    """The epoch's mean loss summed over its terms: a tensor of terms (ours, YOLO11 in Ultralytics 8.3) or a dict of
+    them (Ultralytics 8.4)."""
+    if tloss is None:
+        return None
+    if isinstance(tloss, dict):
+        return float(sum(float(v) for v in tloss.values()))
+    return float(tloss.sum())
 
 
 def amp_in_use(trainer) -> str:
@@ -75,8 +84,17 @@ def amp_in_use(trainer) -> str:
 
 
 def lever_name(config: dict) -> str:
-    return f"amp={'on' if config['amp'] else 'off'} channels_last={'on' if config['channels_last'] else 'off'} " \
+    name = f"amp={'on' if config['amp'] else 'off'} channels_last={'on' if config['channels_last'] else 'off'} " \
            f"compile={config['compile'] if config['compile'] else 'off'}"
+    return name + (" cudnn.benchmark=on" if config.get("cudnn_benchmark") else "")
+
+
+def cudnn_autotune(trainer) -> None:
+    """on_pretrain_routine_start: cuDNN picks its fastest convolution algorithms per shape (not a setting of ours: the
+    trainer restores the process's cudnn flags when the run ends)."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
 
 
 def out_of_time(spec: dict, result, config: str, error_row) -> bool:
@@ -100,8 +118,11 @@ def train_rows(spec: dict, result, error_row) -> None:
         meter, start = Throughput(spec["warm_batches"]), time.perf_counter()
         model = YOLO(DEFAULT_MODEL)
         meter.attach(model.add_callback)
+        levers = dict(config)
+        if levers.pop("cudnn_benchmark", False):
+            model.add_callback("on_pretrain_routine_start", cudnn_autotune)
         try:
-            metrics = model.train(**spec["train_settings"], **config, name=f"train{i}")
+            metrics = model.train(**spec["train_settings"], **levers, name=f"train{i}")
         except Exception as error:  # an OOM or a compile failure in one row must not stop the others
             result.add(error_row(name, error))
             continue
