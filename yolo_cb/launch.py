@@ -44,6 +44,12 @@ def world_size_for(args) -> int:
     return len(devices) if len(devices) > 1 else int(args.nproc)
 
 
+def gpu_list(device) -> list[str]:
+    """The GPU indices a device setting names ('0,1', 'cuda:1', 1) as strings; [] for cpu, mps or none named."""
+    entries = [d.strip().lower().removeprefix("cuda:") for d in str(device if device is not None else "").split(",") if d.strip()]
+    return entries if entries and all(e.isdigit() for e in entries) else []
+
+
 def _pickle_user_code_by_value(callbacks) -> None:
     """Callbacks from modules a worker may not import (a script, a test file) travel by value."""
     import cloudpickle
@@ -73,12 +79,13 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
     settings["nproc"] = 1  # the workers must not launch again
     payload.write_bytes(cloudpickle.dumps({"args": settings, "callbacks": user_callbacks, "model": model, "resume": resume,
                                            "result": str(result), "sys_path": list(sys.path), "cwd": os.getcwd()}))
-    devices = [d.strip() for d in str(args.device or "").split(",") if d.strip()]
+    devices = gpu_list(args.device)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
            "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))}
-    if len(devices) > 1:
+    if devices:  # the GPUs named, renumbered 0.. for the workers (device=1 nproc=2: both ranks on GPU 1, not on 0 and 1)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    LOGGER.info(f"DDP: starting {world} worker processes ({'gloo on CPU' if not devices or devices == ['cpu'] else 'nccl on ' + ','.join(devices)})")
+    where = f"GPU(s) {','.join(devices)}" if devices else ("the CPU" if str(args.device).lower() == "cpu" else "the visible GPUs, else the CPU")
+    LOGGER.info(f"DDP: starting {world} worker processes on {where} (nccl when each has a GPU of its own, else gloo)")
     procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.launch", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(world)]
     codes = _wait(procs, timeout)

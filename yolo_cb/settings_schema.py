@@ -78,7 +78,10 @@ RULES: dict[str, Setting] = {
     "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
     "unfreeze_epoch": _int(0),
-    "grad_clip": _k("nonneg"), "channels_last": _k("bool"), "sync_bn": _k("bool"), "val": _k("bool", **R), "val_period": _int(1, **R),
+    "grad_clip": _k("nonneg"), "channels_last": _k("bool"),
+    "compile": _enum(False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "inductor", "aot_eager", "eager",
+                     "cudagraphs", **R),
+    "sync_bn": _k("bool"), "val": _k("bool", **R), "val_period": _int(1, **R),
     # optimisation
     "lr0": _k("positive"), "lrf": _k("fraction"), "momentum": _k("fraction"), "weight_decay": _k("nonneg"),
     "warmup_epochs": _k("nonneg"), "warmup_momentum": _k("fraction"), "warmup_bias_lr": _k("nonneg"), "nbs": _int(1),

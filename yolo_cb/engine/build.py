@@ -55,6 +55,7 @@ class Parts:
     ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
     lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
+    compiled: Any = None  # compile=: torch.compile over `model` (the DDP wrapper under DDP), the forward the step calls; None = eager
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -167,6 +168,25 @@ def wrap_distributed(trainer) -> None:
     parts.model = DistributedDataParallel(parts.model, device_ids=ids, find_unused_parameters=False)
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's modes; other names: backends
+
+
+def compile_forward(trainer) -> None:
+    """compile=: the training forward (`parts.compiled`) is torch.compile over the model as wrapped for DDP; the model
+    itself stays the eager module the EMA, validation, checkpoints and exports read (same parameters, same state_dict
+    keys). The loss inside the forward has data-dependent shapes: dynamo splits the graph there (graph breaks) and
+    marks the target count dynamic after the first recompilation."""
+    setting, parts = trainer.args.compile, trainer.parts
+    if setting is False:
+        parts.compiled = None
+        return
+    mode = None if setting is True or setting not in COMPILE_MODES else setting
+    backend = "inductor" if setting is True or setting in COMPILE_MODES else setting
+    parts.compiled = torch.compile(parts.model, mode=mode, backend=backend)
+    LOGGER.info(f"compile={setting}: the training forward runs through torch.compile (backend {backend}, mode {mode or 'default'}); "
+                "the first batches are slow while it compiles")
+
+
 def sync_trainable(trainer) -> None:
     """After on_train_epoch_start: frozen BatchNorm statistics stay as loaded (those of unfrozen layers update again);
     under DDP, a wrapper built for another set of trainable tensors is built again, on every rank at the same epoch
@@ -178,6 +198,7 @@ def sync_trainable(trainer) -> None:
         LOGGER.info(f"trainable tensors changed ({parts.ddp_trainable} -> {trainable_count(model)}): DDP wrapper rebuilt")
         parts.model = model
         wrap_distributed(trainer)
+        compile_forward(trainer)  # over the new wrapper
 
 
 def build_validator(trainer) -> None:

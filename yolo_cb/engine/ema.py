@@ -31,8 +31,13 @@ class ModelEMA:
         self.updates += 1
         d = self.current_decay()
         model_state = unwrap(model).state_dict()
+        averaged, sources = [], []
         for name, value in self.ema.state_dict().items():
             if value.dtype.is_floating_point:
-                value.mul_(d).add_(model_state[name].detach(), alpha=1 - d)
+                averaged.append(value)
+                sources.append(model_state[name].detach())
             else:
                 value.copy_(model_state[name])
+        if averaged:  # one fused kernel per op over every tensor, not two launches per tensor (~600 a step on CUDA)
+            torch._foreach_mul_(averaged, d)
+            torch._foreach_add_(averaged, sources, alpha=1 - d)

@@ -45,11 +45,16 @@ class Place:
             return
         local_rank = int(os.environ["LOCAL_RANK"])
         use_cuda = torch.cuda.is_available() and str(device_setting or "").lower() != "cpu"
+        gpus = torch.cuda.device_count() if use_cuda else 0
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
         if use_cuda:
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(rank_gpu(local_rank, gpus))
+            self.device = torch.device("cuda", rank_gpu(local_rank, gpus))
         if not torch.distributed.is_initialized():
-            distributed.init_process_group("nccl" if use_cuda else "gloo")
+            backend = ddp_backend(use_cuda, local_world, gpus)
+            if use_cuda and backend == "gloo" and local_rank == 0:
+                LOGGER.warning(f"WARNING {local_world} processes share {gpus} GPU(s): gloo on the GPU (NCCL refuses two ranks on one GPU)")
+            distributed.init_process_group(backend)
             self.owns_process_group = True  # we created it, so we destroy it; a caller's group is left to the caller
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self.rank > 0:
@@ -77,6 +82,16 @@ class Place:
     def release(self) -> None:
         if self.run_lock is not None:
             self.run_lock.release()
+
+
+def rank_gpu(local_rank: int, gpus: int) -> int:
+    """The visible GPU of a local rank: its own while there are enough, else shared round-robin (nproc=2 on one GPU)."""
+    return local_rank % max(gpus, 1)
+
+
+def ddp_backend(use_cuda: bool, local_world: int, gpus: int) -> str:
+    """nccl when every local rank has a GPU of its own; gloo on the CPU, and when ranks share a GPU."""
+    return "nccl" if use_cuda and local_world <= gpus else "gloo"
 
 
 def make_save_dir(trainer) -> None:

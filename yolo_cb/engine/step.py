@@ -67,18 +67,18 @@ class BatchStep:
         args, device = trainer.args, trainer.device
         ni = trainer.batch_i + trainer.num_batches * trainer.epoch
         self.warmup_accumulate(ni, args.nbs)
-        images = self.batch["img"].to(device, non_blocking=True).float() / 255
+        images = self.batch["img"].to(device, non_blocking=True).float() / 255  # non_blocking: the loader pins memory on CUDA
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        targets = self.batch["targets"].to(device)
+        targets = self.batch["targets"].to(device, non_blocking=True)
         self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
         with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
-            loss_dict = trainer.model(images, targets)
+            loss_dict = self.forward(trainer)(images, targets)
         self.loss = loss_dict["total"]
-        trainer.loss_items = torch.stack([loss_dict[name] for name in trainer.criterion.loss_names]).detach().float().cpu()
+        finite = self.read_losses(trainer, loss_dict)
         clock.spent("forward", start)
         trainer.run_callbacks("on_train_batch_loss_end")
-        if distributed.any_rank(not torch.isfinite(self.loss).item(), trainer.flag_device):
+        if distributed.any_rank(not finite, trainer.flag_device):
             self.skip_nonfinite(trainer)
             return
         self.nonfinite_in_a_row = 0
@@ -93,6 +93,19 @@ class BatchStep:
         if ni - self.last_opt_step >= self.accumulate:
             self.optimizer_step(trainer)
             self.last_opt_step = ni
+
+    @staticmethod
+    def forward(trainer):
+        """The module the batch runs through: compile='s torch.compile over the model, else the model."""
+        compiled = trainer.parts.compiled
+        return compiled if compiled is not None else trainer.model  # not `or`: a module's truth value is its len()
+
+    def read_losses(self, trainer, loss_dict: dict) -> bool:
+        """trainer.loss_items (on the CPU, as callbacks read them) and whether the total is finite, in ONE device-to-host
+        copy: on CUDA each copy waits for the GPU, and two per batch (the items, then the finite check) stalled it twice."""
+        values = torch.stack([self.loss.detach().float(), *(loss_dict[n].detach().float() for n in trainer.criterion.loss_names)]).cpu()
+        trainer.loss_items = values[1:]
+        return bool(torch.isfinite(values[0]))
 
     def skip_nonfinite(self, trainer) -> None:
         self.nonfinite_in_a_row += 1

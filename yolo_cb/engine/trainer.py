@@ -258,6 +258,7 @@ class Trainer:
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)
         build.wrap_distributed(self)
+        build.compile_forward(self)  # after the EMA's copy and the DDP wrapper: neither sees a compiled module
         build.build_validator(self)
         if self.metrics_epoch is None and not self.metrics:
             self.metrics = build.placeholder_metrics(self.loss_names, self.data)
