@@ -188,6 +188,7 @@ def test_every_habit_example_runs(tiny, capsys):
     run = Path(tiny["project"]) / tiny["name"]
     said = capsys.readouterr().out
     assert "trainer.stop_training is the stop flag of Keras / SuperGradients" in said and "trained 3 epochs" in said
+    assert "validator.stop_training is the stop flag of Keras / SuperGradients" in said and "validator.trainer.stop = True" in said
     assert "epoch 1" in said and "epoch 2" in said
     table = rows(run)
     assert len(table) == 2 and float(table[0]["train/l1_loss"]) == 0 and float(table[1]["train/l1_loss"]) > 0  # the stage switch

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-
-from ..detector import Detector
 from torch import nn
 
+from ..detector import Detector
 from .backbone import backbone_layers, body_forward, neck_layers
 from .head import REG_MAX, STRIDES, DistributionHead
 from .loss import YOLOCBLoss
