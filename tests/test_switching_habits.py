@@ -14,6 +14,7 @@ from yolo_cb.callbacks import CallbackError, Callbacks
 from yolo_cb.config import ConfigError
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.engine.trainer import Trainer
+from yolo_cb.engine.validator import Validator
 from yolo_cb.model import DetectionTrainer
 
 pytestmark = pytest.mark.slow
@@ -73,10 +74,20 @@ def test_detection_trainer_with_overrides_trains(tiny):
 
 # --- item 6: other frameworks' stop flags and callback signatures ---------------------------------------------------
 @pytest.mark.parametrize("flag", ["stop_training", "should_stop", "should_training_stop"])
-def test_foreign_stop_flags_are_refused_at_the_write(flag):
-    trainer = Trainer.__new__(Trainer)
-    with pytest.raises(AttributeError, match=rf"trainer.{flag} is the stop flag of .*set trainer.stop = True"):
-        setattr(trainer, flag, True)
+@pytest.mark.parametrize("owner", [Trainer, Validator])
+def test_foreign_stop_flags_are_refused_at_the_write(flag, owner):
+    obj, name = owner.__new__(owner), owner.__name__.lower()
+    with pytest.raises(AttributeError, match=rf"^{name}.{flag} is the stop flag of .*set trainer.stop = True"):
+        setattr(obj, flag, True)
+
+
+def test_a_stop_flag_written_on_the_validator_in_training_names_trainer_stop(tiny):
+    model = YOLO("yolox-nano.yaml")  # SuperGradients / Keras: a validation callback gets the context and stops through it
+    model.add_callback("on_val_end", lambda v: setattr(v, "stop_training", True))
+    with pytest.raises(CallbackError, match=r"validator.stop_training is the stop flag of Keras / SuperGradients.*"
+                                            r"validator.trainer.stop = True"):
+        model.train(**{**tiny, "epochs": 3})
+    assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt")["epoch"] == 0
 
 
 def test_a_foreign_stop_flag_in_training_stops_with_the_line_naming_trainer_stop(tiny):
@@ -177,6 +188,7 @@ def test_every_habit_example_runs(tiny, capsys):
     run = Path(tiny["project"]) / tiny["name"]
     said = capsys.readouterr().out
     assert "trainer.stop_training is the stop flag of Keras / SuperGradients" in said and "trained 3 epochs" in said
+    assert "validator.stop_training is the stop flag of Keras / SuperGradients" in said and "validator.trainer.stop = True" in said
     assert "epoch 1" in said and "epoch 2" in said
     table = rows(run)
     assert len(table) == 2 and float(table[0]["train/l1_loss"]) == 0 and float(table[1]["train/l1_loss"]) > 0  # the stage switch

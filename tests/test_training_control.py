@@ -24,7 +24,7 @@ def weights(run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_yaml, freeze, prefix", [("yolox-nano.yaml", 5, "backbone.backbone."),
-                                                         ("yolocb-n.yaml", ["backbone.stem", "backbone.stage2"], ("backbone.stem.", "backbone.stage2."))])
+                                                         ("yolocb-n.yaml", ["backbone.stem", "model.1"], ("model.0.", "model.1."))])
 def test_frozen_tensors_are_bit_identical_after_training(tiny, tmp_path, caplog, model_yaml, freeze, prefix):
     caplog.set_level(logging.INFO, logger="yolo_cb")
     model = YOLO(model_yaml)
@@ -47,7 +47,7 @@ def test_frozen_tensors_are_bit_identical_after_training(tiny, tmp_path, caplog,
 
 def test_freeze_setting_is_strict():
     assert get_config({"freeze": "5"}).freeze == 5 and get_config({"freeze": "[backbone.stem]"}).freeze == ["backbone.stem"]
-    from yolo_cb.engine.freeze import freeze_layers
+    from yolo_cb.engine.freeze import freeze_layers, unfreeze_modules
     from yolo_cb.nn import build_model
 
     net = build_model("yolox-nano.yaml", nc=2, verbose=False, imgsz=64)
@@ -55,6 +55,12 @@ def test_freeze_setting_is_strict():
         freeze_layers(net, 15)
     with pytest.raises(ConfigError, match="backbone.backbone.stem"):
         freeze_layers(net, ["backbone.stem"])  # a YOLOCB name on a YOLOX model: the error names the right one
+    cb = build_model("yolocb-n.yaml", nc=2, verbose=False, imgsz=64)  # layers model.0 ... model.11, in flow order
+    assert freeze_layers(cb, 2) == ["model.0", "model.1"] and freeze_layers(cb, ["neck.down3", "model.11"]) == ["model.7", "model.11"]
+    stage2 = list(cb.model[1].parameters())  # older versions' names unfreeze too
+    assert unfreeze_modules(cb, ["backbone.stage2"]) == len(stage2) and all(p.requires_grad for p in stage2)
+    with pytest.raises(ConfigError, match=r"has 12 layers \(model.0, model.1, .*model.11\)"):
+        freeze_layers(cb, 13)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import torch
 from shared_data import SHARED
 
 from yolo_cb import YOLO
-from yolo_cb.callbacks import Callbacks
+from yolo_cb.callbacks import CallbackError, Callbacks
 from yolo_cb.engine.trainer import Trainer
 from yolo_cb.engine.val_metrics import DetectionMetrics
 
@@ -295,3 +295,36 @@ def test_every_example_in_docs_ultralytics_runs(tmp_path, monkeypatch):
         except Exception as error:
             raise AssertionError(f"docs/ultralytics.md example {i + 1} failed: {type(error).__name__}: {error}\n{block}") from error
     assert (tmp_path / "runs" / "detect" / "train" / "weights" / "best.pt").is_file()
+    frozen, updated = bn_layers(namespace["bn_model"].trainer.model, namespace["FROZEN_BN"])  # the freeze-BN example
+    assert len(frozen) > 5 and len(updated) > 5
+    for name, bn in frozen.items():  # model.0 ... model.4: never a batch counted, the initial statistics
+        assert int(bn.num_batches_tracked) == 0 and torch.equal(bn.running_mean, torch.zeros_like(bn.running_mean)), name
+        assert torch.equal(bn.running_var, torch.ones_like(bn.running_var)), name
+    for name, bn in updated.items():  # model.5 ... model.11: updated by every training batch
+        assert int(bn.num_batches_tracked) > 0 and not torch.equal(bn.running_mean, torch.zeros_like(bn.running_mean)), name
+
+
+def bn_layers(model: torch.nn.Module, n: int) -> tuple[dict, dict]:
+    """The model's BatchNorm layers by name: those of layers model.0 ... model.<n-1>, and the others."""
+    norms = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    first = {name: m for name, m in norms.items() if name.startswith(tuple(f"model.{i}." for i in range(n)))}
+    return first, {name: m for name, m in norms.items() if name not in first}
+
+
+def freeze_bn_callback() -> dict:
+    """The freeze-BN callback of docs/ultralytics.md, as written (its block up to the training it starts)."""
+    text = (ROOT / "docs" / "ultralytics.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "def freeze_bn_statistics" in b)
+    namespace: dict = {}
+    exec(compile(block[:block.index("\nbn_model = ")], "docs/ultralytics.md freeze-BN example", "exec"), namespace)
+    return namespace
+
+
+def test_the_freeze_bn_callback_on_yolox_stops_before_the_first_batch_as_the_docs_say(tmp_path, shapes_small_yaml):
+    seen = []
+    model = YOLO("yolox-nano.yaml")  # Megvii's module names: the index the callback parses is 'backbone'
+    model.add_callback("on_train_epoch_start", freeze_bn_callback()["freeze_bn_statistics"])
+    model.add_callback("on_train_batch_start", lambda t: seen.append(t.epoch))
+    with pytest.raises(CallbackError, match=r"freeze_bn_statistics.*on_train_epoch_start.*ValueError: invalid literal for int"):
+        model.train(**{**QUICK, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "name": "yolox"})
+    assert seen == [] and (tmp_path / "runs" / "yolox" / "weights" / "last.pt").is_file()

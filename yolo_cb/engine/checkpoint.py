@@ -197,7 +197,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
     verify_checksum(ckpt, path)
     check_format_version(ckpt, path)
-    return ckpt
+    return detectors.with_current_names(ckpt)  # module names of older versions (YOLOCB's backbone.*) read as today's
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:

@@ -1,15 +1,16 @@
 """`freeze=`: keep the first N layers (or the named modules) of a model fixed during training.
 
 Ultralytics' freeze=N freezes its first N layers, counted in the order the image flows through them. The same count
-over the modules of our two families (see docs/pretrained.md, "Freezing layers"):
+over the layers each family's detector lists in that order, `model.layers` (see docs/pretrained.md, "Freezing layers"):
 
     yolox-*   1 stem, 2 dark2, 3 dark3, 4 dark4, 5 dark5 (the backbone), 6 lateral_conv0, 7 C3_p4, 8 reduce_conv1,
-              9 C3_p3, 10 bu_conv2, 11 C3_n3, 12 bu_conv1, 13 C3_n4 (the PAFPN), 14 head
-    yolocb-*  1 stem, 2 stage2, 3 stage3, 4 stage4, 5 stage5 (the backbone), 6 top_down4, 7 top_down3, 8 down3,
-              9 bottom_up4, 10 down4, 11 bottom_up5 (the neck), 12 head
+              9 C3_p3, 10 bu_conv2, 11 C3_n3, 12 bu_conv1, 13 C3_n4 (the PAFPN), 14 head (Megvii's module names)
+    yolocb-*  model.0 stem, model.1-4 stage2-5 (the backbone), model.5-10 top_down4, top_down3, down3, bottom_up4,
+              down4, bottom_up5 (the neck), model.11 head: freeze=N freezes model.0 ... model.<N-1>, as in Ultralytics
 
 So freeze=5 freezes the backbone of either family (Ultralytics' freeze=10 on YOLOv8/YOLO11). A list names modules by
-their dotted path in `model.named_modules()` (e.g. [backbone.backbone.stem, backbone.backbone.dark2]).
+their dotted path in `model.named_modules()` (e.g. [backbone.backbone.stem, backbone.backbone.dark2], [model.0, model.1]);
+a YOLOCB name of older versions (backbone.stem) is read as today's (model.0).
 
 A frozen parameter gets requires_grad=False, so it has no gradient: the optimizer, which holds it in its group like
 every other parameter, skips it (no step, no weight decay, no state) and it stays bit-identical. BatchNorm layers inside
@@ -36,19 +37,12 @@ from yolo_cb.utils.suggest import did_you_mean
 
 __all__ = ["freeze_bn_stats", "freeze_layers", "layer_order", "parse_freeze", "trainable_count", "unfreeze_modules"]
 
-YOLOX_LAYERS = ("backbone.backbone.stem", "backbone.backbone.dark2", "backbone.backbone.dark3", "backbone.backbone.dark4",
-                "backbone.backbone.dark5", "backbone.lateral_conv0", "backbone.C3_p4", "backbone.reduce_conv1", "backbone.C3_p3",
-                "backbone.bu_conv2", "backbone.C3_n3", "backbone.bu_conv1", "backbone.C3_n4", "head")
-YOLOCB_LAYERS = ("backbone.stem", "backbone.stage2", "backbone.stage3", "backbone.stage4", "backbone.stage5", "neck.top_down4",
-                 "neck.top_down3", "neck.down3", "neck.bottom_up4", "neck.down4", "neck.bottom_up5", "head")
-
 
 def layer_order(model: nn.Module) -> tuple[str, ...]:
-    """The model's layers in the order the image flows through them (what freeze=N counts)."""
-    names = {name for name, _ in model.named_modules()}
-    for order in (YOLOX_LAYERS, YOLOCB_LAYERS):
-        if all(name in names for name in order):
-            return order
+    """The model's layers in the order the image flows through them (what freeze=N counts): the detector's `layers`."""
+    order = tuple(getattr(model, "layers", ()))
+    if order:
+        return order
     raise ConfigError(f"invalid value for 'freeze': this model ({type(model).__name__}) has no known layer order; "
                       f"expected a list of module names from model.named_modules()")
 
@@ -65,7 +59,7 @@ def freeze_layers(model: nn.Module, value: Any) -> list[str]:
             raise ConfigError(f"invalid value for 'freeze': {value}; this model has {len(order)} layers ({', '.join(order)})")
         names = list(order[:value])
     else:
-        names = [str(v) for v in value]
+        names = [current_name(model, str(v)) for v in value]
         for name in names:
             if name not in modules or not any(True for _ in modules[name].parameters()):
                 raise ConfigError(f"invalid value for 'freeze': {name!r} is not a module with parameters of this model."
@@ -79,6 +73,12 @@ def freeze_layers(model: nn.Module, value: Any) -> list[str]:
     total = sum(1 for _ in model.parameters())
     LOGGER.info(f"freeze: {tensors}/{total} parameter tensors frozen ({', '.join(names)}); their BatchNorm statistics too")
     return names
+
+
+def current_name(model: nn.Module, name: str) -> str:
+    """A module name as the model names it now (a detector maps names of older versions; any other module: unchanged)."""
+    rename = getattr(model, "current_name", None)
+    return rename(name) if callable(rename) else name
 
 
 def layer_order_or_empty(model: nn.Module) -> tuple[str, ...]:
@@ -101,6 +101,7 @@ def freeze_bn_stats(model: nn.Module, names: list[str]) -> None:
 def unfreeze_modules(model: nn.Module, names: list[str]) -> int:
     """requires_grad=True on every parameter of the named modules; returns how many tensors were frozen before."""
     modules = dict(model.named_modules())
+    names = [current_name(model, name) for name in names]
     missing = [name for name in names if name not in modules]
     if missing:
         raise ConfigError(f"invalid value for 'unfreeze': {missing[0]!r} is not a module of this model."

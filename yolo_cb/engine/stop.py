@@ -23,14 +23,17 @@ class StopCause(str, Enum):
         return self in (StopCause.EARLY_STOPPING, StopCause.PRUNED, StopCause.TARGET)
 
 
-# Other frameworks' stop flags, set on their trainer (or its control object): a write of one on ours is refused, naming
-# trainer.stop, since it would otherwise be a new attribute nothing reads and every epoch would still train.
+# Other frameworks' stop flags, set on their trainer (or its control object, or the context a validation callback gets):
+# a write of one on our trainer or validator is refused, naming trainer.stop, since it would otherwise be a new
+# attribute nothing reads and every epoch would still train.
 FOREIGN_STOP_FLAGS: dict[str, str] = {"stop_training": "Keras / SuperGradients", "should_stop": "Lightning",
                                       "should_training_stop": "Hugging Face"}
 
 
-def refuse_foreign_stop_flag(name: str) -> None:
-    """AttributeError (one line) for a write of another framework's stop flag on the trainer."""
+def refuse_foreign_stop_flag(name: str, owner: str = "trainer") -> None:
+    """AttributeError (one line) for a write of another framework's stop flag on the trainer or the validator (owner)."""
     if name in FOREIGN_STOP_FLAGS:
-        raise AttributeError(f"trainer.{name} is the stop flag of {FOREIGN_STOP_FLAGS[name]}, which yolo-cb does not read: set "
-                             f"trainer.stop = True (optionally trainer.stop_reason = '...') to end the run after this batch or epoch")
+        reach = "" if owner == "trainer" else " (from a validation callback: validator.trainer.stop = True)"
+        raise AttributeError(f"{owner}.{name} is the stop flag of {FOREIGN_STOP_FLAGS[name]}, which yolo-cb does not read: set "
+                             f"trainer.stop = True{reach} (optionally trainer.stop_reason = '...') to end the run after this "
+                             f"batch or epoch")

@@ -24,6 +24,7 @@ from yolo_cb.data.resolve import check_data, missing_split_error
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.engine import coco_json, per_class
 from yolo_cb.engine.backend import load_backend
+from yolo_cb.engine.stop import refuse_foreign_stop_flag
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
@@ -85,6 +86,10 @@ class Validator:
         self.jdict: list[dict] = []
         self._modes: dict = {}
         self._grad_ctx = torch.inference_mode
+
+    def __setattr__(self, name: str, value) -> None:
+        refuse_foreign_stop_flag(name, "validator")  # SuperGradients' / Keras' context.stop_training would do nothing
+        super().__setattr__(name, value)
 
     @property
     def epoch(self) -> int | None:

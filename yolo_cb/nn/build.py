@@ -19,6 +19,7 @@ from .yolox.model import YOLOX, parse_yolox_cfg
 
 DETECTORS: dict[str, type[Detector]] = {cls.family: cls for cls in (YOLOX, YOLOCB)}  # `family:` value -> its detector
 FAMILIES = {family: cls.__name__ for family, cls in DETECTORS.items()}  # `family:` value -> display-name prefix
+NAMED_STATES = ("model", "ema", "grads")  # the checkpoint entries keyed by module names (state dicts, accumulated gradients)
 
 
 def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
@@ -48,6 +49,17 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     if family == YOLOCB_FAMILY:
         return parse_yolocb_cfg(data), name
     return parse_yolox_cfg(data, cfg), name
+
+
+def with_current_names(ckpt: dict) -> dict:
+    """The checkpoint dict with its state dicts keyed as this version names the modules of its family (a YOLOCB written
+    before its layers were one list: backbone.stem.* -> model.0.*); the same dict when nothing is renamed."""
+    detector = DETECTORS.get(_family(ckpt.get("model_cfg") or {}))
+    if detector is None:
+        return ckpt
+    renamed = {key: {detector.current_name(name): value for name, value in ckpt[key].items()}
+               for key in NAMED_STATES if isinstance(ckpt.get(key), dict)}
+    return {**ckpt, **renamed} if any(renamed[k].keys() != ckpt[k].keys() for k in renamed) else ckpt
 
 
 def _family(data: dict) -> str:

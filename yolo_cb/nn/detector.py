@@ -11,6 +11,9 @@ The trainer, validator, predictor and exporter see a detector only through this 
                            `criterion`; the constructor builds one with the defaults;
     family, strides     -> the `family:` value of its model YAMLs; the output levels' strides (8, 16, 32);
     stride              -> the same strides as a float tensor (a non-persistent buffer: it follows .to(device));
+    layers              -> the names of its layers in the order the image flows through them (what freeze=N counts);
+    current_name(name)  -> a module or state-dict name as this version names it (a family that renamed modules maps
+                           the old names; checkpoints are read through it);
     nc, names, cfg, name -> class count, {index: class name}, the architecture dict (stored in checkpoints), display name.
 """
 
@@ -38,6 +41,7 @@ class Detector(nn.Module, metaclass=ABCMeta):
     family: ClassVar[str]  # the `family:` value of a model YAML that builds this detector
     strides: ClassVar[tuple[int, ...]]  # downsampling factor of each output level
     criterion: Any  # the loss (see build_loss); called as criterion(*head.flatten(raw), targets) -> loss dict
+    layers: tuple[str, ...] = ()  # module names of the layers in flow order (freeze=N freezes the first N); () unknown
 
     def __init__(self, cfg: dict, name: str):
         """cfg: the architecture dict, with "nc" (the class count)."""
@@ -47,6 +51,11 @@ class Detector(nn.Module, metaclass=ABCMeta):
         self.cfg = cfg
         self.names = {i: str(i) for i in range(self.nc)}
         self.register_buffer("stride", torch.tensor(self.strides, dtype=torch.float32), persistent=False)
+
+    @staticmethod
+    def current_name(name: str) -> str:
+        """A module or state-dict name as this version names it (unchanged unless the family renamed its modules)."""
+        return name
 
     @abstractmethod
     def head_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""YOLO-CB body: a split-CSP (ELAN-style) backbone ending in fast spatial pyramid pooling, and a PAN neck.
+"""YOLO-CB body: a split-CSP (ELAN-style) backbone ending in fast spatial pyramid pooling, and a PAN neck, built as
+lists of layers in the order the image flows through them (the detector holds them in one indexed list, `model`).
 
 Every stage halves the resolution with a stride-2 3x3 convolution and refines with a split-CSP block, whose
 1x1 projection is split in two halves: one half passes straight through, the other runs a chain of residual
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..blocks import ConvBNAct
@@ -80,50 +82,44 @@ class FastSPP(nn.Module):
         return self.expand(torch.cat(pyramid, dim=1))
 
 
-class SplitCSPBackbone(nn.Module):
-    """Stride-2 stem, then four (downsample, split-CSP) stages, FastSPP at the end; returns the stride 8, 16, 32 maps."""
-
-    def __init__(self, depth: float, width: float, max_channels: int, act: str = "silu"):
-        super().__init__()
-        c1, c2, c3, c4, c5 = (scaled_channels(c, width, max_channels) for c in STAGE_CHANNELS)
-        n2, n3, n4, n5 = (scaled_depth(n, depth) for n in STAGE_BLOCKS)
-        self.stem = ConvBNAct(3, c1, 3, 2, act=act)
-        self.stage2 = nn.Sequential(ConvBNAct(c1, c2, 3, 2, act=act), SplitCSP(c2, c2, n2, True, act))
-        self.stage3 = nn.Sequential(ConvBNAct(c2, c3, 3, 2, act=act), SplitCSP(c3, c3, n3, True, act))
-        self.stage4 = nn.Sequential(ConvBNAct(c3, c4, 3, 2, act=act), SplitCSP(c4, c4, n4, True, act))
-        self.stage5 = nn.Sequential(ConvBNAct(c4, c5, 3, 2, act=act), SplitCSP(c5, c5, n5, True, act), FastSPP(c5, c5, act=act))
-        self.out_channels = (c3, c4, c5)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = self.stage2(self.stem(x))
-        c3 = self.stage3(x)
-        c4 = self.stage4(c3)
-        c5 = self.stage5(c4)
-        return c3, c4, c5
+def backbone_layers(depth: float, width: float, max_channels: int, act: str = "silu") -> tuple[list[nn.Module], tuple[int, int, int]]:
+    """The backbone's layers in flow order, [stem, stage2, stage3, stage4, stage5]: a stride-2 stem, four (downsample,
+    split-CSP) stages, FastSPP ending the last; and the channels of the stride 8, 16, 32 maps (stages 3, 4, 5)."""
+    c1, c2, c3, c4, c5 = (scaled_channels(c, width, max_channels) for c in STAGE_CHANNELS)
+    n2, n3, n4, n5 = (scaled_depth(n, depth) for n in STAGE_BLOCKS)
+    stem = ConvBNAct(3, c1, 3, 2, act=act)
+    stage2 = nn.Sequential(ConvBNAct(c1, c2, 3, 2, act=act), SplitCSP(c2, c2, n2, True, act))
+    stage3 = nn.Sequential(ConvBNAct(c2, c3, 3, 2, act=act), SplitCSP(c3, c3, n3, True, act))
+    stage4 = nn.Sequential(ConvBNAct(c3, c4, 3, 2, act=act), SplitCSP(c4, c4, n4, True, act))
+    stage5 = nn.Sequential(ConvBNAct(c4, c5, 3, 2, act=act), SplitCSP(c5, c5, n5, True, act), FastSPP(c5, c5, act=act))
+    return [stem, stage2, stage3, stage4, stage5], (c3, c4, c5)
 
 
-class PANNeck(nn.Module):
-    """Top-down (upsample, concatenate, split-CSP) then bottom-up (stride-2 conv, concatenate, split-CSP); outputs P3, P4, P5.
+def neck_layers(channels: tuple[int, int, int], depth: float, act: str = "silu") -> list[nn.Module]:
+    """The PAN neck's layers in flow order, [top_down4, top_down3, down3, bottom_up4, down4, bottom_up5]: top-down
+    (upsample, concatenate, split-CSP) then bottom-up (stride-2 conv, concatenate, split-CSP); see `pan_forward`.
 
     The lateral inputs are concatenated as they come (no 1x1 reduction first); output channels equal the backbone's.
     """
+    c3, c4, c5 = channels
+    n = scaled_depth(NECK_BLOCKS, depth)
+    return [SplitCSP(c5 + c4, c4, n, False, act), SplitCSP(c4 + c3, c3, n, False, act), ConvBNAct(c3, c3, 3, 2, act=act),
+            SplitCSP(c3 + c4, c4, n, False, act), ConvBNAct(c4, c4, 3, 2, act=act), SplitCSP(c4 + c5, c5, n, False, act)]
 
-    def __init__(self, channels: tuple[int, int, int], depth: float, act: str = "silu"):
-        super().__init__()
-        c3, c4, c5 = channels
-        n = scaled_depth(NECK_BLOCKS, depth)
-        self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
-        self.top_down4 = SplitCSP(c5 + c4, c4, n, False, act)
-        self.top_down3 = SplitCSP(c4 + c3, c3, n, False, act)
-        self.down3 = ConvBNAct(c3, c3, 3, 2, act=act)
-        self.bottom_up4 = SplitCSP(c3 + c4, c4, n, False, act)
-        self.down4 = ConvBNAct(c4, c4, 3, 2, act=act)
-        self.bottom_up5 = SplitCSP(c4 + c5, c5, n, False, act)
 
-    def forward(self, feats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c3, c4, c5 = feats
-        t4 = self.top_down4(torch.cat((self.upsample(c5), c4), dim=1))
-        p3 = self.top_down3(torch.cat((self.upsample(t4), c3), dim=1))
-        p4 = self.bottom_up4(torch.cat((self.down3(p3), t4), dim=1))
-        p5 = self.bottom_up5(torch.cat((self.down4(p4), c5), dim=1))
-        return p3, p4, p5
+def upsample(x: torch.Tensor) -> torch.Tensor:
+    """Nearest-neighbour upsampling by 2 (what nn.Upsample(scale_factor=2) computes)."""
+    return F.interpolate(x, scale_factor=2.0, mode="nearest")
+
+
+def body_forward(layers: nn.ModuleList, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backbone then neck over the first eleven layers of `layers` (backbone_layers + neck_layers): P3, P4, P5."""
+    stem, stage2, stage3, stage4, stage5, top_down4, top_down3, down3, bottom_up4, down4, bottom_up5 = layers[:11]
+    c3 = stage3(stage2(stem(x)))
+    c4 = stage4(c3)
+    c5 = stage5(c4)
+    t4 = top_down4(torch.cat((upsample(c5), c4), dim=1))
+    p3 = top_down3(torch.cat((upsample(t4), c3), dim=1))
+    p4 = bottom_up4(torch.cat((down3(p3), t4), dim=1))
+    p5 = bottom_up5(torch.cat((down4(p4), c5), dim=1))
+    return p3, p4, p5

@@ -2,6 +2,10 @@
 
 A `Detector` (yolo_cb/nn/detector.py), as YOLOX is, so the trainer, validator, predictor and exporter use it unchanged;
 its decoded predictions (B, A, 4 + 1 + nc) have an objectness column of 1 (a YOLO-CB score is its class probability alone).
+
+Its layers are one indexed list, `model`, in the order the image flows through them (as Ultralytics' models are), so
+module names read `model.<index>.<...>` and the index is the layer freeze=N counts: 0 stem, 1-4 stage2-5 (the backbone),
+5 top_down4, 6 top_down3, 7 down3, 8 bottom_up4, 9 down4, 10 bottom_up5 (the neck), 11 head.
 """
 
 from __future__ import annotations
@@ -10,14 +14,35 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..detector import Detector
-from .backbone import PANNeck, SplitCSPBackbone
+from .backbone import backbone_layers, body_forward, neck_layers
 from .head import REG_MAX, STRIDES, DistributionHead
 from .loss import YOLOCBLoss
 
 FAMILY = "yolocb"  # the `family:` value of a model YAML that builds this detector
 MAX_CHANNELS = 1024  # default cap on any layer's channels before the width multiplier
+# The layers of `model`, each at its index, by the name it had before the layers were one list: checkpoints written
+# then, and freeze= / unfreeze names written for them, are read through `current_name`.
+OLD_LAYER_NAMES = ("backbone.stem", "backbone.stage2", "backbone.stage3", "backbone.stage4", "backbone.stage5", "neck.top_down4",
+                   "neck.top_down3", "neck.down3", "neck.bottom_up4", "neck.down4", "neck.bottom_up5", "head")
+
+
+def current_name(name: str) -> str:
+    """A module or state-dict name as YOLOCB names it now: backbone.stem.bn.weight -> model.0.bn.weight (others unchanged)."""
+    for index, old in enumerate(OLD_LAYER_NAMES):
+        if name == old or name.startswith(old + "."):
+            return f"model.{index}{name[len(old):]}"
+    return name
+
+
+def _old_keys_renamed(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: keys written before the layers were one list load under their new names."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        new = prefix + current_name(key[len(prefix):])
+        if new != key:
+            state_dict[new] = state_dict.pop(key)
 
 
 class YOLOCB(Detector):
@@ -31,14 +56,26 @@ class YOLOCB(Detector):
                  nc: int = 80, act: str = "silu", name: str = "YOLOCB"):
         super().__init__({"family": FAMILY, "depth": float(depth), "width": float(width), "max_channels": int(max_channels),
                           "reg_max": int(reg_max), "act": str(act), "nc": int(nc)}, name)
-        self.backbone = SplitCSPBackbone(depth, width, int(max_channels), act)
-        self.neck = PANNeck(self.backbone.out_channels, depth, act)
-        self.head = DistributionHead(self.nc, self.backbone.out_channels, int(reg_max), act, STRIDES)
+        backbone, channels = backbone_layers(depth, width, int(max_channels), act)
+        head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES)
+        self.model = nn.ModuleList([*backbone, *neck_layers(channels, depth, act), head])
+        self.register_load_state_dict_pre_hook(_old_keys_renamed)
         self.build_loss()
+
+    current_name = staticmethod(current_name)
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """model.0 ... model.11: the layers in flow order (see the module docstring)."""
+        return tuple(f"model.{index}" for index in range(len(self.model)))
+
+    @property
+    def head(self) -> DistributionHead:
+        return self.model[-1]
 
     def head_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Per-level head outputs (B, 4 * reg_max + nc, H / s, W / s) for s in 8, 16, 32: distance-bin and class logits."""
-        return self.head(self.neck(self.backbone(x)))
+        return self.head(body_forward(self.model, x))
 
     def raw_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Per-level outputs in YOLOX's raw layout (B, 4 + 1 + nc, H / s, W / s), for code that decodes YOLOX outputs

@@ -14,6 +14,11 @@ from .head import STRIDES, YOLOXHead
 from .loss import YOLOXLoss
 
 FAMILY = "yolox"  # the `family:` value of a model YAML that builds this detector (also the default when absent)
+# The layers in the order the image flows through them (freeze=N freezes the first N), by Megvii's module names (its
+# weights load by them): 1 stem, 2-5 dark2-5 (CSPDarknet), 6-13 the PAFPN, 14 the head.
+LAYERS = ("backbone.backbone.stem", "backbone.backbone.dark2", "backbone.backbone.dark3", "backbone.backbone.dark4",
+          "backbone.backbone.dark5", "backbone.lateral_conv0", "backbone.C3_p4", "backbone.reduce_conv1", "backbone.C3_p3",
+          "backbone.bu_conv2", "backbone.C3_n3", "backbone.bu_conv1", "backbone.C3_n4", "head")
 
 
 class YOLOX(Detector):
@@ -22,6 +27,7 @@ class YOLOX(Detector):
 
     family = FAMILY
     strides = STRIDES
+    layers = LAYERS
 
     def __init__(self, depth: float = 1.0, width: float = 1.0, nc: int = 80, depthwise: bool = False, act: str = "silu", name: str = "YOLOX"):
         super().__init__({"depth": float(depth), "width": float(width), "depthwise": bool(depthwise), "act": str(act), "nc": int(nc)}, name)
