@@ -77,7 +77,7 @@ RULES: dict[str, Setting] = {
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
     "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
-    "unfreeze_epoch": _int(0),
+    "unfreeze_epoch": _int(0), "unfreeze_warmup": _k("nonneg"),
     "grad_clip": _k("nonneg"), "channels_last": _k("bool"), "sync_bn": _k("bool"), "val": _k("bool", **R), "val_period": _int(1, **R),
     # optimisation
     "lr0": _k("positive"), "lrf": _k("fraction"), "momentum": _k("fraction"), "weight_decay": _k("nonneg"),
