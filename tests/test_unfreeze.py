@@ -138,9 +138,10 @@ def test_a_resume_across_the_boundary_and_during_the_ramp_is_the_uninterrupted_r
     assert all(lr == straight[ni] for ni, lr in resumed)
 
 
-def test_unfreeze_epoch_without_freeze_is_refused(tmp_path, shapes_small_yaml):
-    with pytest.raises(ConfigError, match="nothing is frozen: set freeze="):
-        YOLO("yolox-nano.yaml").train(**{**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path), "unfreeze_epoch": 1})
+@pytest.mark.parametrize("setting", [{"unfreeze_epoch": 1}, {"unfreeze_warmup": 2.0}])
+def test_unfreeze_settings_without_freeze_are_refused(tmp_path, shapes_small_yaml, setting):
+    with pytest.raises(ConfigError, match=f"'{next(iter(setting))}'.*nothing is frozen: set freeze="):
+        YOLO("yolox-nano.yaml").train(**{**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path), **setting})
 
 
 def test_unfreeze_stages_are_checked():
