@@ -98,18 +98,49 @@ def test_torchrun_module_entry(tiny, tmp_path):
     assert "sync_bn=True needs CUDA" in proc.stdout + proc.stderr  # on CPU: a clear warning, plain BatchNorm
 
 
-def test_ddp_resume_from_rank0_checkpoint(tiny, tmp_path):
+def save_params(folder: Path):
+    """An on_train_end callback that saves this rank's trained parameters to folder/params_rank<r>.pt."""
+
+    def save(trainer):
+        import torch
+
+        model = getattr(trainer.model, "module", trainer.model)
+        torch.save({n: p.detach().cpu().clone() for n, p in model.named_parameters()}, folder / f"params_rank{trainer.rank}.pt")
+
+    return save
+
+
+def test_ddp_resume_from_rank0_checkpoint_across_an_unfreeze(tiny, tmp_path):
+    """freeze=2 unfreeze_epoch=1 under DDP, stopped after epoch 0 and resumed: the frozen layers are bit-identical
+    through epoch 0, train in epoch 1 (the DDP wrapper rebuilt for them), and both ranks end with the same weights
+    (an unfrozen tensor DDP did not all-reduce would differ between the ranks)."""
+    import torch
+
+    from yolo_cb.engine.checkpoint import load_checkpoint
+
+    frozen = ("backbone.backbone.stem.", "backbone.backbone.dark2.")
+    run = {**tiny, "epochs": 2, "nproc": 2, "device": "cpu", "freeze": 2, "unfreeze_epoch": 1, "save_initial": True, "save_period": 1}
     first = YOLO("yolox-nano.yaml")
     first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
-    first.train(**{**tiny, "epochs": 2, "nproc": 2, "device": "cpu"})
-    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
-    from yolo_cb.engine.checkpoint import load_checkpoint
+    first.train(**run)
+    weights = tmp_path / "runs" / "exp" / "weights"
+    last = weights / "last.pt"
 
     assert load_checkpoint(last)["epoch"] == 0
     starts = tmp_path / "starts"
     starts.mkdir()
     resumed = YOLO()
     resumed.add_callback("on_train_start", lambda t: (starts / f"rank{t.rank}").write_text(str(t.start_epoch)))
+    resumed.add_callback("on_train_end", save_params(starts))
     metrics = resumed.train(resume=str(last), nproc=2, device="cpu")
     assert (starts / "rank0").read_text() == (starts / "rank1").read_text() == "1"
     assert "metrics/mAP50-95(B)" in metrics and load_checkpoint(last)["epoch"] == 1
+
+    initial, epoch1, end = (load_checkpoint(weights / name)["model"] for name in ("initial.pt", "epoch1.pt", "last.pt"))
+    keys = [k for k in initial if k.startswith(frozen)]
+    assert keys and all(torch.equal(initial[k], epoch1[k]) for k in keys)  # bit-identical before epoch 1
+    weights_after = [k for k in keys if k.endswith(".weight")]
+    assert all(not torch.equal(epoch1[k], end[k]) for k in weights_after)  # trained in epoch 1
+    p0, p1 = (torch.load(starts / f"params_rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert p0.keys() == p1.keys() and [k for k in p0 if not torch.equal(p0[k], p1[k])] == []
+    assert all(torch.equal(p0[k], end[k]) for k in weights_after)  # what the ranks hold is what last.pt saved

@@ -14,7 +14,8 @@ from yolo_cb import YOLO
 from yolo_cb.engine.checkpoint import load_checkpoint
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-SETTINGS = ("unfreeze_epoch", "per_class", "worst_batches", "average_best", "restore_best", "stop_close_mosaic")
+SETTINGS = ("unfreeze_epoch", "unfreeze_warmup", "per_class", "worst_batches", "worst_source", "average_best", "restore_best",
+            "stop_close_mosaic")
 QUICK = ["imgsz=64", "batch=8", "workers=0", "plots=false", "mlflow=false", "tensorboard=false", "onnx_check=false", "mosaic=0",
          "close_mosaic=0", "warmup_epochs=0", "optimizer=AdamW", "lr0=0.002", "fraction=0.5"]
 
@@ -36,7 +37,10 @@ def test_the_training_features_examples_run(tiny, tmp_path):
         exec(compile(code, "callbacks.md example", "exec"), namespace)  # noqa: S102 - the documented code, as a user runs it
     model.train(**{**tiny, "epochs": 2, **namespace["settings"]})
     run = tmp_path / "runs" / "exp"
-    assert (run / "results_per_class.csv").is_file() and len(list((run / "worst").glob("epoch2_*.jpg"))) == 2
+    assert (run / "results_per_class.csv").is_file() and len(list((run / "worst").glob("epoch2_[0-9]*.jpg"))) == 2
+    assert len(list((run / "worst").glob("epoch2_train*.jpg"))) == 2  # worst_source=both: the train batches too
+    late = [g for g in model.trainer.optimizer.param_groups if "follows" in g]  # unfreeze_warmup: the layers' own groups
+    assert late and all(g["ramp_iters"] == 2 for g in late)  # half of the 4 batches of an epoch
     entry = next(e for e in model.trainer.callbacks.entries("on_fit_epoch_end") if e.fn is namespace["print_weakest_class"])
     assert entry.calls == 2 and not entry.errors
     assert load_checkpoint(run / "weights" / "last.pt")["train_args"]["unfreeze_epoch"] == 1
@@ -58,6 +62,7 @@ def test_the_cli_feature_commands_run(tmp_path, shapes_small_yaml):
     last = load_checkpoint(runs / "train" / "weights" / "last.pt")
     assert last["epoch"] == 2 and last["train_args"]["epochs"] == 3
     assert (tmp_path / "val" / "v" / "results_per_class.csv").is_file()
+    assert list((runs / "train" / "worst").glob("epoch1_train*.jpg"))  # worst_source=both
 
 
 def test_yolo_cb_cfg_lists_the_settings(tmp_path):

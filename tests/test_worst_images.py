@@ -1,15 +1,19 @@
-"""worst_batches=k: after each validation in training, the k validation images with the lowest per-image AP are drawn
-(labels | predictions) and handed to the loggers; the chosen images really are the worst."""
+"""worst_batches=k: after each validation in training, the k validation images with the lowest per-image AP, and
+(worst_source=train | both) after each epoch the k training batches of highest loss, are drawn (labels | predictions)
+and handed to the loggers; the chosen images and batches really are the worst."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import cv2
 import pytest
+import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
+from yolo_cb.engine.ema import unwrap
 from yolo_cb.metrics import DetMetrics
 
 pytestmark = pytest.mark.slow
@@ -29,11 +33,23 @@ def worst_callback(model):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, shapes_small_yaml):
     root = tmp_path_factory.mktemp("worst")
-    seen = {}
+    seen = {"batches": {}}
+
+    def record_batch(trainer):
+        """Every training batch's loss computed here again, by a copy of the model in the same state (train mode, so
+        the same batch statistics), and its images: apart from the callback's own value and ranking."""
+        images, targets = trainer.batch["img"].clone(), trainer.batch["targets"].clone()
+        with torch.no_grad():
+            loss = float(copy.deepcopy(unwrap(trainer.model))(images.float() / 255, targets)["total"])
+        seen["batches"][(trainer.epoch, trainer.batch_i)] = (loss, images)
+        seen.setdefault("trainer_loss", {})[(trainer.epoch, trainer.batch_i)] = trainer.loss.item()
+
     model = YOLO("yolox-nano.yaml")
     model.add_callback("on_val_end", lambda v: v.training and seen.update(stats=list(v.stats), nc=v.nc))
+    model.add_callback("on_train_batch_loss_end", record_batch)
     model.add_callback("on_fit_epoch_end", lambda t: seen.update(images=list(t.new_images)))
-    model.train(**{**TINY, "epochs": 2, "worst_batches": K, "data": str(shapes_small_yaml), "project": str(root), "name": "exp"})
+    model.train(**{**TINY, "epochs": 2, "worst_batches": K, "worst_source": "both", "data": str(shapes_small_yaml),
+                   "project": str(root), "name": "exp"})
     return root / "exp", seen, model
 
 
@@ -47,9 +63,31 @@ def test_the_chosen_images_are_the_worst(run):
     assert max(ap for _, ap in chosen) <= min(ap for ap, f in scores if f not in {c for c, _ in chosen})
 
 
+def test_the_chosen_train_batches_have_the_highest_losses(run):
+    folder, seen, model = run
+    losses = {i: loss for (epoch, i), (loss, _) in seen["batches"].items() if epoch == 1}
+    assert len(losses) == 4  # 32 images, batch 8
+    assert [losses[i] for i in range(4)] == pytest.approx([seen["trainer_loss"][(1, i)] for i in range(4)], rel=1e-4)
+    assert len(set(losses.values())) == 4  # no ties: the ranking is the losses' own
+    chosen = worst_callback(model).worst_train
+    assert [(e, i) for e, i, _ in chosen] == [(1, i) for i in sorted(losses, key=losses.get, reverse=True)[:K]]
+    assert [loss for _, _, loss in chosen] == pytest.approx([losses[i] for _, i, _ in chosen], rel=1e-4)
+
+
+def test_the_train_batches_are_drawn_and_reach_the_loggers(run):
+    from yolo_cb.utils.draw import plot_batch
+
+    folder, seen, model = run
+    for rank, (epoch, i, _) in enumerate(worst_callback(model).worst_train):
+        path = folder / "worst" / f"epoch{epoch + 1}_train{rank}_batch{i}.jpg"
+        assert path in set(map(Path, seen["images"]))
+        grid = plot_batch(seen["batches"][(epoch, i)][1], [], {})  # the grid of that very batch's images
+        assert cv2.imread(str(path)).shape == (grid.shape[0], 2 * grid.shape[1], 3)
+
+
 def test_they_are_drawn_side_by_side_and_reach_the_loggers(run):
     folder, seen, model = run
-    files = sorted((folder / "worst").glob("epoch2_*.jpg"))
+    files = sorted((folder / "worst").glob("epoch2_[0-9]*.jpg"))
     assert len(files) == K and set(files) <= set(map(Path, seen["images"]))
     callback = worst_callback(model)
     for (im_file, _), path in zip(callback.worst, sorted(files, key=lambda p: int(p.name.split("_")[1])), strict=True):

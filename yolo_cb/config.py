@@ -341,11 +341,19 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
 
 
 def check_pairs(config: Config) -> Config:
-    """Settings that need another one: unfreeze_epoch= needs freeze= (without frozen layers it would do nothing);
+    """Settings that need another one: unfreeze_epoch= and unfreeze_warmup= need freeze= (without frozen layers they
+    would do nothing), and worst_source= needs worst_batches=;
     average_best=k averages the files save_topk keeps, so needs k >= 2 and save_topk >= k."""
     if config.unfreeze_epoch is not None and config.freeze is None:
         raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
                           f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
+    warmup, default_warmup = config.unfreeze_warmup, load_defaults()["unfreeze_warmup"]
+    if config.freeze is None and warmup != default_warmup:
+        raise ConfigError(f"invalid value for 'unfreeze_warmup': {warmup}; it is the warmup of layers that were frozen, and "
+                          f"nothing is frozen: set freeze= as well, or leave unfreeze_warmup at {default_warmup}")
+    if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
+        raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
+                          f"worst_batches is 0 (off): set worst_batches=k as well")
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "

@@ -77,7 +77,7 @@ RULES: dict[str, Setting] = {
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
     "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
-    "unfreeze_epoch": _int(0),
+    "unfreeze_epoch": _int(0), "unfreeze_warmup": _k("nonneg"),
     "grad_clip": _k("nonneg"), "channels_last": _k("bool"),
     "compile": _enum(False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "inductor", "aot_eager", "eager",
                      "cudagraphs", **R),
@@ -97,7 +97,7 @@ RULES: dict[str, Setting] = {
     # validation / prediction
     "split": _enum("train", "val", "test"), "conf": _k("fraction"), "iou": _k("fraction"), "max_det": _int(1),
     "agnostic_nms": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
-    "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "source": _k("free"),
+    "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "worst_source": _enum("val", "train", "both", **RT), "source": _k("free"),
     "show_labels": _k("bool"), "line_width": _int(1),
     # export
     "format": _enum("onnx", "openvino", "torchscript"), "int8": _k("bool"), "nms": _k("bool"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),

@@ -16,6 +16,9 @@ A write to `group["lr"]` by any other callback sticks: before each of its own wr
 what it wrote last, and a difference rescales that group's schedule by the same factor (logged once per change). A write
 during the per-batch warmup ends that group's warmup ramp: the written LR is used for each following batch, and the
 schedule continues from it (this epoch's scheduled LR becomes the written one).
+
+The late groups of layers that were frozen (unfreeze_warmup, yolo_cb/engine/optim.py) are not this callback's: before
+each optimizer step they take the LR of the group they follow, times their own warmup ramp.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 
 from yolo_cb.callbacks.lr_settings import parsed, resolve
 from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.engine.optim import scheduled_groups
 from yolo_cb.utils.log import LOGGER
 
 
@@ -80,7 +84,7 @@ class LRSchedule:
             self.name = "cosine"  # cos_lr=True: Ultralytics' switch for the cosine schedule
         optimizer = trainer.optimizer
         if self.base is None:
-            self.base = [group["initial_lr"] for group in optimizer.param_groups]
+            self.base = [group["initial_lr"] for group in scheduled_groups(optimizer)]
         span = max(trainer.epochs - self.cooldown, 1)
         if kind == "builtin":
             raw = builtin_factor(self.name, params, span, args.lrf)
@@ -89,13 +93,13 @@ class LRSchedule:
             self.factor = target if not self.cooldown else (lambda x: target(min(x, span)))
         elif kind == "torch":
             self.monitor = params.pop("monitor", None)
-            for group, lr in zip(optimizer.param_groups, self.base, strict=True):
+            for group, lr in zip(scheduled_groups(optimizer), self.base, strict=True):
                 group["lr"] = lr
             self.scheduler = target(optimizer, **params)
             if self.torch_state is not None:
                 self.scheduler.load_state_dict(self.torch_state)
             if self.target is None:
-                self.target = [group["lr"] for group in optimizer.param_groups]
+                self.target = [group["lr"] for group in scheduled_groups(optimizer)]
         trainer.lr_schedule = self
         self._set_epoch(trainer, trainer.start_epoch, adopt=False)
 
@@ -106,7 +110,7 @@ class LRSchedule:
         if self.written is None:
             return
         warming = self.warmup_by == "batch" and trainer.batch_i + trainer.num_batches * trainer.epoch <= trainer.warmup_iters
-        for i, (group, mine) in enumerate(zip(trainer.optimizer.param_groups, self.written, strict=True)):
+        for i, (group, mine) in enumerate(zip(scheduled_groups(trainer.optimizer), self.written, strict=True)):
             now = group["lr"]
             if now == mine:
                 continue
@@ -130,7 +134,7 @@ class LRSchedule:
         return self.base[i] * self.factor(epoch)
 
     def _write(self, trainer, values: list[float]) -> None:
-        for group, value in zip(trainer.optimizer.param_groups, values, strict=True):
+        for group, value in zip(scheduled_groups(trainer.optimizer), values, strict=True):
             group["lr"] = value
         self.written = list(values)
 
@@ -138,7 +142,7 @@ class LRSchedule:
         """The LR of every group for `epoch` (warmup by epoch included)."""
         if adopt:
             self._adopt_foreign_writes(trainer)
-        groups = trainer.optimizer.param_groups
+        groups = scheduled_groups(trainer.optimizer)
         values = [self._scheduled(i, epoch) for i in range(len(groups))]
         warmup = float(trainer.args.warmup_epochs)
         if self.warmup_by == "epoch" and warmup > 0 and epoch < math.ceil(warmup):
@@ -164,7 +168,7 @@ class LRSchedule:
         self._adopt_foreign_writes(trainer)
         xi = [0, trainer.warmup_iters]
         values = []
-        for j, group in enumerate(trainer.optimizer.param_groups):
+        for j, group in enumerate(scheduled_groups(trainer.optimizer)):
             start = trainer.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
             ramp = float(np.interp(ni, xi, [start, self._scheduled(j, trainer.epoch)]))
             values.append(self._scheduled(j, trainer.epoch) if j in self.held else ramp)
@@ -176,14 +180,14 @@ class LRSchedule:
         """After each epoch (before the checkpoint is written, so it holds the next epoch's schedule): step to the next epoch."""
         if self.kind == "torch":
             self._adopt_foreign_writes(trainer)
-            for group, lr in zip(trainer.optimizer.param_groups, self.target, strict=True):
+            for group, lr in zip(scheduled_groups(trainer.optimizer), self.target, strict=True):
                 group["lr"] = lr  # the scheduler steps from its own value, not from a warmup value
             if self.monitor is not None:
                 if getattr(trainer, "metrics_epoch", None) == trainer.epoch:  # only an epoch that validated
                     self.scheduler.step(self._monitored(trainer))
             else:
                 self.scheduler.step()
-            self.target = [group["lr"] for group in trainer.optimizer.param_groups]
+            self.target = [group["lr"] for group in scheduled_groups(trainer.optimizer)]
             self.torch_state = self.scheduler.state_dict()
             self.written = None  # the scheduler wrote; _set_epoch writes the same values again
         self._set_epoch(trainer, trainer.epoch + 1)

@@ -4,7 +4,7 @@ A dataset YAML (Ultralytics-compatible)::
 
     path: coco8                # dataset root: absolute, or relative (to the working directory, next to the YAML, then datasets_dir)
     train: images/train        # folder(s) or .txt list(s), relative to path
-    val: images/val
+    val: images/val            # several validation sets: a list of paths (named by stem) or {name: path}
     test:                      # optional
     names: {0: person, ...}    # or a list
     download: https://.../coco8.zip   # optional: archive fetched when the images are missing
@@ -107,8 +107,12 @@ def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
 
 def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
     """`val:` as {name: split}: a mapping names several validation sets (each validated on its own, its metrics prefixed
-    with its name); a path or a list of paths is one set, "val" (a list joins its folders, as in Ultralytics)."""
+    with its name), and so does a list of two or more paths, each set named by its path's stem (`list_set_names`); a
+    path (or a list of one) is one set, "val". Unlike Ultralytics, which joins a list into one set: one combined set
+    is one path, a .txt file listing the images of every folder."""
     value = cfg.get("val")
+    if isinstance(value, (list, tuple)) and len(value) > 1:
+        return dict(zip(list_set_names(value), value, strict=True))
     if not isinstance(value, dict):
         return {"val": value}
     bad = [k for k in value if not isinstance(k, str) or not k or "/" in k]
@@ -116,6 +120,20 @@ def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
         raise DatasetConfigError(f"{yaml_file}: 'val' as a mapping names validation sets {{name: path}}; "
                                  f"{'it is empty' if not value else f'{bad[0]!r} is not a name (text without /)'}")
     return dict(value)
+
+
+def list_set_names(paths: list | tuple) -> list[str]:
+    """The name of each set of a `val:` list: its path's stem (images/val_day -> val_day, night.txt -> night); a stem
+    met before gets _2, _3, ... in list order (a/val, b/val -> val, val_2)."""
+    names: list[str] = []
+    for path in paths:
+        stem = Path(str(path)).stem or "val"
+        name, n = stem, 1
+        while name in names:
+            n += 1
+            name = f"{stem}_{n}"
+        names.append(name)
+    return names
 
 
 def _generate(spec, target: Path, yaml_file: Path) -> None:

@@ -1,11 +1,26 @@
-"""Optimizer with decay / no-decay parameter groups (the learning-rate schedule is the lr_schedule callback)."""
+"""Optimizer with decay / no-decay parameter groups (the learning-rate schedule is the lr_schedule callback).
+
+Groups 0-2 are the scheduled ones: biases, weights with decay, normalisation weights. With `unfreeze_warmup > 0` the
+tensors freeze= froze go into late groups of their own after them, per frozen module and kind (bias / decay / norm),
+each following one scheduled group: `sync_late_groups`, before every optimizer step, gives it that group's
+hyperparameters (momentum, weight decay, betas) and its LR times a ramp. The ramp is 0 while the group is frozen and
+(k + 1) / ramp_iters at the k-th batch from the first optimizer step at which a tensor of the group is trainable, then 1:
+unfrozen layers warm up on their own while the others go on at the schedule's LR. The ramp's start is a key of the
+group, so it is in the optimizer's state_dict and a resume continues the ramp where it was.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from yolo_cb.utils.log import LOGGER
+
+FOLLOWS = "follows"  # key of a late group: the index of the scheduled group it follows
+RAMP_START = "ramp_start"  # key of a late group: the batch (over the run) its warmup ramp began; -1 while frozen
+RAMP_ITERS = "ramp_iters"  # key of a late group: batches its ramp takes from ~0 to the followed group's LR
 
 
 def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
@@ -26,6 +41,45 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
     return decay, norm, bias
 
 
+def scheduled_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The groups whose LR the schedule owns (every group but the late ones of unfrozen layers, which follow them)."""
+    return [group for group in optimizer.param_groups if FOLLOWS not in group]
+
+
+def late_groups(model: nn.Module, frozen: list[str], groups: tuple[list, list, list]) -> list[tuple[int, list]]:
+    """(scheduled group index, tensors) per frozen module and kind; the tensors are taken out of `groups` (bias, decay,
+    norm: groups 0, 1, 2 of the optimizer)."""
+    modules = dict(model.named_modules())
+    kind = {id(p): index for index, group in zip((1, 2, 0), groups, strict=True) for p in group}
+    taken: set[int] = set()
+    late = []
+    for name in frozen:
+        per_kind: dict[int, list] = {0: [], 1: [], 2: []}
+        for param in modules[name].parameters():
+            if not param.requires_grad and id(param) not in taken and id(param) in kind:
+                per_kind[kind[id(param)]].append(param)
+                taken.add(id(param))
+        late += [(index, params) for index, params in per_kind.items() if params]
+    for group in groups:
+        group[:] = [p for p in group if id(p) not in taken]
+    return late
+
+
+def sync_late_groups(optimizer: torch.optim.Optimizer, ni: int) -> None:
+    """Before an optimizer step at batch `ni` (over the run): each late group takes its scheduled group's
+    hyperparameters and LR times its ramp; its ramp starts at the first step that finds one of its tensors trainable."""
+    for group in optimizer.param_groups:
+        if FOLLOWS not in group:
+            continue
+        if group[RAMP_START] < 0 and any(p.requires_grad for p in group["params"]):
+            group[RAMP_START] = ni
+        start = group[RAMP_START]
+        ramp = 0.0 if start < 0 else min(1.0, (ni - start + 1) / group[RAMP_ITERS])
+        leader = optimizer.param_groups[group[FOLLOWS]]
+        group.update({k: v for k, v in leader.items() if k not in ("params", "lr", "initial_lr")})
+        group["lr"] = leader["lr"] * ramp
+
+
 def resolve_optimizer(name: str, lr0: float, momentum: float, iterations: int) -> tuple[str, float, float]:
     """'auto' picks AdamW (lr 0.002) for short runs and SGD (lr 0.01) for long ones, as it is logged."""
     if name != "auto":
@@ -35,8 +89,11 @@ def resolve_optimizer(name: str, lr0: float, momentum: float, iterations: int) -
     return choice
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float, frozen: Sequence[str] = (),
+                    ramp_iters: int = 0) -> torch.optim.Optimizer:
+    """Groups 0-2 (biases, decay weights, norm weights); with ramp_iters > 0, the frozen modules' tensors in late groups."""
     decay, norm, bias = parameter_groups(model)
+    late = late_groups(model, list(frozen), (decay, norm, bias)) if ramp_iters > 0 else []
     if name == "SGD":
         optimizer = torch.optim.SGD(bias, lr=lr, momentum=momentum, nesterov=True)
     elif name == "Adam":
@@ -49,8 +106,14 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
     optimizer.add_param_group({"params": norm, "weight_decay": 0.0})
     for group in optimizer.param_groups:
         group["initial_lr"] = lr
-    frozen = sum(1 for group in (decay, norm, bias) for p in group if not p.requires_grad)
-    note = f"; {frozen} of them frozen (no gradient, so no step until requires_grad is set)" if frozen else ""
+    for index, params in late:
+        optimizer.add_param_group({"params": params, "lr": 0.0, "initial_lr": lr, "weight_decay": weight_decay if index == 1 else 0.0,
+                                   FOLLOWS: index, RAMP_START: -1, RAMP_ITERS: ramp_iters})
+    count = sum(1 for group in (decay, norm, bias) for p in group if not p.requires_grad)
+    note = f"; {count} of them frozen (no gradient, so no step until requires_grad is set)" if count else ""
+    if late:
+        note += (f"; {sum(len(p) for _, p in late)} frozen tensors in {len(late)} groups of their own (pg3-pg{2 + len(late)}) that "
+                 f"warm up over {ramp_iters} batches from their first step once unfrozen (unfreeze_warmup)")
     LOGGER.info(f"optimizer: {name}(lr={lr}, momentum={momentum}) with groups: {len(bias)} biases, {len(decay)} weights "
                 f"(decay {weight_decay:.3g}), {len(norm)} norm weights{note}")
     return optimizer

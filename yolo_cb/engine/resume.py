@@ -305,8 +305,9 @@ def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
             return 0
 
     names = data.get("names") or {}
-    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")), "val_images": count(data.get("val")),
-            "names": [str(names[k]) for k in sorted(names)]}
+    val_sets = data.get("val_sets") or {"val": data.get("val")}  # every validation set's images (a list: as when it was one set)
+    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")),
+            "val_images": sum(count(split) for split in val_sets.values()), "names": [str(names[k]) for k in sorted(names)]}
 
 
 def describe_dataset(fingerprint: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from time import perf_counter
 import numpy as np
 import torch
 
-from yolo_cb.engine.optim import build_optimizer, resolve_optimizer
+from yolo_cb.engine.optim import build_optimizer, resolve_optimizer, sync_late_groups
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -42,15 +42,17 @@ class BatchStep:
         self.nonfinite_in_a_row = 0
 
     def build_optimizer(self, args, model: torch.nn.Module, device: torch.device, world_size: int, num_batches: int,
-                        dataset_size: int, epochs: int) -> torch.optim.Optimizer:
-        """The optimizer, with the accumulation, weight decay, warmup and AMP that follow from the settings."""
+                        dataset_size: int, epochs: int, frozen: list[str] = ()) -> torch.optim.Optimizer:
+        """The optimizer, with the accumulation, weight decay, warmup and AMP that follow from the settings; `frozen`
+        (the modules freeze= froze) get late groups of their own when unfreeze_warmup > 0 (engine/optim.py)."""
         self.global_batch = args.batch * world_size  # `batch` is per process under DDP
         self.accumulate = max(round(args.nbs / self.global_batch), 1)
         weight_decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
         iterations = math.ceil(dataset_size / max(args.batch, args.nbs)) * epochs
         name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
         self.optimizer_name, self.momentum = name, momentum
-        optimizer = build_optimizer(model, name, lr, momentum, weight_decay)
+        ramp_iters = max(round(args.unfreeze_warmup * num_batches), 1) if args.unfreeze_warmup > 0 else 0
+        optimizer = build_optimizer(model, name, lr, momentum, weight_decay, frozen, ramp_iters)
         self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
         self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
         use_amp = bool(args.amp) and device.type == "cuda"
@@ -91,7 +93,7 @@ class BatchStep:
         clock.spent("backward", start)
         trainer.run_callbacks("on_after_backward")
         if ni - self.last_opt_step >= self.accumulate:
-            self.optimizer_step(trainer)
+            self.optimizer_step(trainer, ni)
             self.last_opt_step = ni
 
     @staticmethod
@@ -116,9 +118,10 @@ class BatchStep:
             raise NonFiniteLossError(f"the loss was NaN/inf for {self.nonfinite_in_a_row} batches in a row (epoch {trainer.epoch + 1}, "
                                      f"batch {trainer.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
 
-    def optimizer_step(self, trainer) -> None:
+    def optimizer_step(self, trainer, ni: int) -> None:
         optimizer, clock = trainer.optimizer, trainer.clock
         start = perf_counter()
+        sync_late_groups(optimizer, ni)  # unfrozen layers' own warmup: their LR follows the schedule's times a ramp
         self.scaler.unscale_(optimizer)
         clock.spent("optimizer", start)
         trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping

@@ -253,7 +253,7 @@ class Trainer:
         self._build_model()
         build.build_loaders(self)
         self.optimizer = self.step.build_optimizer(args, self.model, self.device, self.world_size, self.num_batches,
-                                                   len(self.train_loader.dataset), self.epochs)
+                                                   len(self.train_loader.dataset), self.epochs, self.frozen)
         self.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)

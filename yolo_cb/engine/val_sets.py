@@ -1,14 +1,18 @@
-"""Several validation sets: `val:` in a data YAML as a mapping of names to splits.
+"""Several validation sets: `val:` in a data YAML as a mapping of names to splits, or a list of two or more splits.
 
     val: {day: images/val_day, night: images/val_night}      # data YAML
+    val: [images/val_day, night.txt]                          # the same as {val_day: images/val_day, night: night.txt}
     yolo-cb train data=that.yaml monitor=night/metrics/mAP50-95(B)
+
+A list names each set by its path's stem; a stem met before gets _2, _3, ... (a/val, b/val: val, val_2). Ultralytics
+joins a list into one set; here one combined set is one path: a .txt file listing the images of every folder.
 
 Each set is validated after each validated epoch. Every set's metrics are in trainer.metrics under `<name>/<key>`
 (`night/metrics/mAP50(B)`, `night/fitness`, `night/val/iou_loss`, ...); the first set's also under the plain keys, so
 `monitor=fitness` (the default) follows the first set, and code that reads Ultralytics' keys reads the first set.
 results.csv and every logger carry them all (they read trainer.metrics); each set after the first writes its per-class
-table to results_per_class_<name>.csv. A path or a list of paths under `val:` stays one set (a list joins its folders,
-as in Ultralytics). The final validation of best.pt is on the first set.
+table to results_per_class_<name>.csv. A path under `val:` is one set. The final validation of best.pt, and
+`yolo-cb val` (split=val), are on the first set.
 """
 
 from __future__ import annotations

@@ -163,6 +163,10 @@ class Validator:
         paths = self.data.get(split)
         if not paths:
             raise missing_split_error(yaml_file, split)
+        sets = list(self.data.get("val_sets") or ())
+        if split == "val" and len(sets) > 1:
+            LOGGER.info(f"{yaml_file} has {len(sets)} validation sets ({', '.join(sets)}): validating the first, '{sets[0]}' "
+                        f"(training validates each)")
         batch = backend.batch or args.batch
         try:
             if backend.imgsz:  # a static export: square (non-rect) letterbox at its fixed size, its fixed batch

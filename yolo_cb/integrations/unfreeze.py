@@ -9,10 +9,14 @@
 
 At on_train_epoch_start of each epoch >= a stage's epoch, that stage's modules get requires_grad=True. Every parameter
 is in the optimizer from the start (a frozen one has no gradient, so the optimizer skips it), so from that epoch on
-they train at their group's current LR (the schedule's value; no warmup of their own), with fresh optimizer state
-(momentum / Adam moments from zero); their BatchNorm statistics update from that epoch on. The test is `>=`, so a
-resume after the boundary unfreezes again before its first batch: a resumed run is the uninterrupted one, bit for bit.
-Nothing is stored in the checkpoint: the stage is a function of the epoch.
+they train with fresh optimizer state (momentum / Adam moments from zero), and their BatchNorm statistics update from
+that epoch on. Their LR is the current schedule's with a warmup of their own: with `unfreeze_warmup=E` (epochs, default
+1.0; 0 = off) the frozen tensors sit in late parameter groups per frozen module (yolo_cb/engine/optim.py) whose LR
+ramps linearly from ~0 to their group's scheduled LR over round(E x batches per epoch) batches, counted from the first
+optimizer step after the unfreeze; the other groups are untouched. The test is `>=`, so a resume after the boundary
+unfreezes again before its first batch, and the ramp's start is in the optimizer's state: a resumed run is the
+uninterrupted one, bit for bit, across the boundary and during the ramp. A stage that names part of a frozen module
+whose other part was unfrozen earlier joins that module's ramp where it is.
 """
 
 from __future__ import annotations
@@ -74,5 +78,7 @@ class Unfreeze:
             self.done.add(epoch)
             if trainer.is_main:
                 again = " (re-applied on resume)" if trainer.epoch > epoch else ""
+                warmup = float(trainer.args.unfreeze_warmup)
+                ramp = f", warming up over {warmup:g} epochs (unfreeze_warmup)" if warmup > 0 else " (unfreeze_warmup=0: no warmup)"
                 LOGGER.info(f"unfreeze at epoch {trainer.epoch + 1}/{trainer.epochs}{again}: {count} tensors of {', '.join(modules)} "
-                            f"train from now on at their group's current LR, with fresh optimizer state")
+                            f"train from now on at their group's current LR{ramp}, with fresh optimizer state")
