@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.config"),  # the settings: parsed, typed, checked
     ("yolo_cb.engine",),  # trainer, validator, predictor, exporter, checkpoints, official weights (engine.weights)
-    ("yolo_cb.callbacks.lr_schedule", "yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
+    ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
     # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
     ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
     ("yolo_cb.tune",),  # studies of trainings

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from yolo_cb import YOLO
-from yolo_cb.callbacks.lr_schedule import LRSchedule
+from yolo_cb.assembly.lr_schedule import LRSchedule
 from yolo_cb.config import ConfigError, get_config
 from yolo_cb.engine.optim import build_optimizer
 

@@ -16,8 +16,8 @@ import pkgutil
 from typing import Any
 
 from yolo_cb import integrations
-from yolo_cb.assembly import builtin  # noqa: F401  (registers the callbacks every trainer has)
-from yolo_cb.callbacks import lr_schedule, record  # noqa: F401  (register lr_schedule and callbacks_record)
+from yolo_cb.assembly import builtin, lr_schedule  # noqa: F401  (register the callbacks every trainer has, and lr_schedule)
+from yolo_cb.callbacks import record  # noqa: F401  (registers callbacks_record)
 from yolo_cb.callbacks.registry import REGISTRY, resolve_alias
 from yolo_cb.callbacks.spec_check import Declaration, bad_item, declarations
 from yolo_cb.utils.suggest import did_you_mean

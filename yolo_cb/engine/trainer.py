@@ -43,7 +43,7 @@ class Trainer:
     epoch_record (engine/epoch_record.py), new_images (the image files written this epoch); and,
     as Ultralytics names them, best, last, plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends
     the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule
-    callback's (yolo_cb/callbacks/lr_schedule.py): nothing here writes it.
+    callback's (yolo_cb/assembly/lr_schedule.py): nothing here writes it.
 
     Each of these names is a property: over the typed run state `trainer.state` (progress, losses, metrics, best, stop:
     engine/run_state.py) or over a collaborator (`parts`: engine/build.py, `step`: engine/step.py, `place`:
