@@ -210,3 +210,31 @@ def test_both_families_are_detectors_that_build_their_loss_from_settings():
     assert isinstance(yolocb.build_loss({"box": 5.0, "iou_type": "iou"}), YOLOCBLoss) and yolocb.criterion.reads_settings == ()
     with pytest.raises(TypeError, match="abstract"):
         Detector({"nc": 1}, "incomplete")
+
+
+def test_box_functions_equal_torchvisions():
+    """nn/boxes.py (written so that a process need not import torchvision.ops) against torchvision.ops on random boxes,
+    empty and degenerate ones included."""
+    import torchvision.ops as tv
+
+    from yolo_cb.nn import boxes
+
+    torch.manual_seed(0)
+    cxcywh = torch.rand(64, 4) * torch.tensor([100.0, 100.0, 40.0, 40.0])
+    cxcywh[:4, 2:] = 0  # empty boxes
+    xyxy = boxes.cxcywh_to_xyxy(cxcywh)
+    other = boxes.cxcywh_to_xyxy(torch.rand(64, 4) * torch.tensor([100.0, 100.0, 40.0, 40.0]))
+    assert torch.equal(xyxy, tv.box_convert(cxcywh, "cxcywh", "xyxy"))
+    assert torch.equal(boxes.box_area(other), tv.box_area(other))
+    assert torch.allclose(boxes.box_iou(other, xyxy[4:]), tv.box_iou(other, xyxy[4:]), atol=1e-7)
+    assert torch.allclose(boxes.giou_loss(xyxy, other), tv.generalized_box_iou_loss(xyxy, other, reduction="none"), atol=1e-6)
+
+
+def test_importing_the_facade_does_not_import_torchvision():
+    """torchvision.ops costs ~1.5 s of CPU per process (it loads torch._dynamo): only NMS needs it, where it runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, yolo_cb.model, yolo_cb.cli; print('torchvision' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"

@@ -23,18 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou as _tv_box_iou
+
+from yolo_cb.nn.boxes import box_iou  # noqa: F401  (metrics.box_iou: the IoU matrix AP matching uses)
 
 # exactly COCOeval's Params.setDetParams arrays (same float values, so `iou >= t` agrees bit for bit)
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
 RECALL_THRESHOLDS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
 COCO_MAX_DETS = 100  # COCOeval's maxDets[-1]: detections kept per image and category
 EPS = np.spacing(1)
-
-
-def box_iou(box1: torch.Tensor, box2: torch.Tensor) -> torch.Tensor:
-    """(N, 4) x (M, 4) xyxy boxes -> (N, M) IoU (torchvision)."""
-    return _tv_box_iou(box1, box2)
 
 
 def xyxy2xywh(boxes: Any) -> np.ndarray:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torchvision.ops import batched_nms, box_convert
+
+from .boxes import cxcywh_to_xyxy
 
 MAX_NMS_INPUT = 30000  # highest-scoring boxes per image kept before NMS (bounds NMS time on an untrained model)
 
@@ -27,6 +28,8 @@ def postprocess(
     unless `agnostic`; `classes` keeps only those class ids.
     end2end: the {"iou", "max_det"} of a model exported with NMS in its graph (preds (B, max_det, 6)): see end2end_detections.
     """
+    from torchvision.ops import batched_nms  # its C++ kernel; imported here, not with the module (nn/boxes.py says why)
+
     preds = torch.as_tensor(preds)
     if preds.dim() == 2:
         preds = preds[None]
@@ -40,7 +43,7 @@ def postprocess(
         keep = score > conf
         if classes is not None:
             keep &= torch.isin(class_id, torch.as_tensor(list(classes), device=p.device))
-        boxes, score, class_id = box_convert(p[keep, :4], "cxcywh", "xyxy"), score[keep], class_id[keep]
+        boxes, score, class_id = cxcywh_to_xyxy(p[keep, :4]), score[keep], class_id[keep]
         if score.numel() > MAX_NMS_INPUT:
             top = score.topk(MAX_NMS_INPUT).indices
             boxes, score, class_id = boxes[top], score[top], class_id[top]

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_area, box_convert, box_iou, generalized_box_iou_loss
+
+from ..boxes import box_area, box_iou, cxcywh_to_xyxy, giou_loss
 
 BOX_WEIGHT = 5.0  # weight of the IoU term in the total loss
 CENTER_RADIUS = 2.5  # centre prior: cells within this many strides of a box centre are candidates for it
@@ -229,10 +230,10 @@ class YOLOXLoss(nn.Module):
 
     def box_loss(self, pred_cxcywh: torch.Tensor, target_cxcywh: torch.Tensor) -> torch.Tensor:
         """Per-box IoU loss: 1 - IoU^2, or 1 - GIoU."""
-        pred = box_convert(pred_cxcywh, "cxcywh", "xyxy")
-        target = box_convert(target_cxcywh, "cxcywh", "xyxy")
+        pred = cxcywh_to_xyxy(pred_cxcywh)
+        target = cxcywh_to_xyxy(target_cxcywh)
         if self.loss_type == "giou":
-            return generalized_box_iou_loss(pred, target, reduction="none")
+            return giou_loss(pred, target)
         return 1.0 - paired_iou(pred, target) ** 2
 
     @staticmethod
@@ -284,8 +285,8 @@ class YOLOXLoss(nn.Module):
         else:
             in_region = in_core = in_center
         candidates = in_region.any(dim=0).nonzero().squeeze(1)  # cells near at least one box
-        gt_xyxy = box_convert(gt_boxes, "cxcywh", "xyxy")
-        ious = box_iou(gt_xyxy, box_convert(pred_boxes[candidates], "cxcywh", "xyxy")).nan_to_num(0.0)  # (G, C)
+        gt_xyxy = cxcywh_to_xyxy(gt_boxes)
+        ious = box_iou(gt_xyxy, cxcywh_to_xyxy(pred_boxes[candidates])).nan_to_num(0.0)  # (G, C)
         cost = (
             self.classification_cost(cls_logits[candidates], obj_logits[candidates], gt_cls)
             + IOU_COST_WEIGHT * -torch.log(ious + EPS)
