@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch and torchvision are pinned here for this machine's local wheel store; pyproject keeps ranges for users.
 TORCH := torch==2.14.1 torchvision==0.29.1
+# test processes side by side (pytest-xdist): the suite's processes use one thread each (tests/conftest.py), so two
+# keep both cores of a 2-core machine busy; a file's tests stay in one process (its module fixtures are built once)
+TEST_JOBS ?= 2
 
 .PHONY: venv demo test bench lint clean
 
@@ -20,7 +23,7 @@ demo: venv
 	$(BIN)/python scripts/demo.py
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 bench: venv
 	$(BIN)/python benchmarks/callbacks.py
