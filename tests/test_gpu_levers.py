@@ -12,10 +12,10 @@ import torch
 from yolo_cb import YOLO
 from yolo_cb.config import get_config
 from yolo_cb.engine import build
-from yolo_cb.launch import gpu_list
 from yolo_cb.engine.ema import ModelEMA
 from yolo_cb.engine.place import ddp_backend, rank_gpu
 from yolo_cb.errors import ConfigError
+from yolo_cb.launch import gpu_list
 from yolo_cb.nn import build_model
 
 TARGETS = torch.tensor([[0, 1, 32.0, 32.0, 20.0, 16.0], [1, 2, 20.0, 40.0, 12.0, 12.0]])
