@@ -1,4 +1,4 @@
-"""A checkpoint written before the redesign (commit a1e3525, tests/fixtures/README.md) still loads and resumes."""
+"""Checkpoints written by older yolo-cb (commits a1e3525 and 4f22c48, tests/fixtures/README.md) still load and resume."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.make_4f22c48_compat import lists, one_set, two_sets, write_yaml
 from test_resume_safety import cli, write_data
 
 from yolo_cb import YOLO
+from yolo_cb.data.resolve import check_data
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from yolo_cb.engine.ema import unwrap
+from yolo_cb.engine.resume import ResumeError, check_same_dataset, dataset_fingerprint
 from yolo_cb.nn import YOLOCB
 
 pytestmark = pytest.mark.slow
@@ -96,3 +100,99 @@ def test_a_yolocb_checkpoint_of_4f22c48_exports_to_graphs_with_its_outputs(tmp_p
     folder = Path(YOLO(str(old)).export(format="openvino", imgsz=64))
     compiled = openvino.Core().compile_model(str(next(folder.glob("*.xml"))), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     assert same_as_4f22c48(compiled(x.numpy())[compiled.output(0)])
+
+
+# --- 4f22c48 runs that today's layout changed: freeze= (late optimizer groups) and a val: mapping (the fingerprint) -----
+FREEZE_FIXTURE = FIXTURE.parent / "4f22c48_yolocb_freeze_last.pt"
+TWO_SETS_FIXTURE = FIXTURE.parent / "4f22c48_two_val_sets_last.pt"
+
+
+def copy_on(fixture: Path, folder: Path, data: Path) -> Path:
+    """The fixture as `folder`/last.pt, its recorded data YAML (on the machine that wrote it) pointed at `data`."""
+    ckpt = torch.load(fixture, weights_only=True)
+    ckpt["train_args"]["data"] = str(data)
+    folder.mkdir(parents=True)
+    torch.save(ckpt, folder / "last.pt")
+    return folder / "last.pt"
+
+
+def after_each_step(seen: list):
+    """on_before_zero_grad: (each tensor's Adam step count, None without state; per tensor its group's LR / its
+    followed group's LR), by name."""
+    def record(trainer):
+        groups, state = trainer.optimizer.param_groups, trainer.optimizer.state
+        ratio = {id(p): g["lr"] / groups[g.get("follows", i)]["lr"] for i, g in enumerate(groups) for p in g["params"]}
+        named = list(unwrap(trainer.model).named_parameters())
+        seen.append(({n: int(state[p]["step"]) if "step" in state.get(p, {}) else None for n, p in named},
+                     {n: ratio[id(p)] for n, p in named}))
+    return record
+
+
+def test_a_freeze_run_of_4f22c48_resumes_with_its_optimizer_state_in_todays_groups(tmp_path, shapes_dir):
+    """freeze=3 (backbone.stem, .stage2, .stage3), stages {1: [backbone.stem], 2: [backbone.stage2]}, 3 epochs of 2
+    optimizer steps, saved after epoch 1 in 4f22c48's 3 groups: the stem's tensors have 2 Adam steps, the unfrozen-from-
+    the-start ones 4, stage2 and stage3 none. Today the frozen modules have late groups of their own (unfreeze_warmup)."""
+    written = torch.load(FREEZE_FIXTURE, weights_only=True)
+    assert len(written["optimizer"]["param_groups"]) == 3 and written["train_args"]["freeze"] == 3
+    old = copy_on(FREEZE_FIXTURE, tmp_path / "old", one_set(tmp_path / "data", shapes_dir))
+    seen: list = []
+    model = YOLO(str(old))
+    model.add_callback("on_before_zero_grad", after_each_step(seen))
+    model.train(resume=True, callbacks=written["train_args"]["callbacks"], project=str(tmp_path / "runs"), name="resumed")
+    last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
+    assert last["epoch"] == 2 and last["finished"] is True and len(seen) == 2
+    layer = {name: name.split(".")[1] for name in seen[0][0]}  # model.<i>.*: 0 stem, 1 stage2, 2 stage3
+    # each tensor's state where its position in the old groups says: the stem 2 + 1 steps, the others 4 + 1, stage2 fresh
+    expected = {"0": 3, "1": 1, "2": None}
+    assert seen[0][0] == {n: expected.get(layer[n], 5) for n in seen[0][0]}
+    # the LR as the settings say: the stem trained before (no ramp left), stage2 ramps over 2 batches, stage3 frozen
+    for step, ramp in enumerate((0.5, 1.0)):
+        wanted = {"0": 1.0, "1": ramp, "2": 0.0}
+        assert all(seen[step][1][n] == pytest.approx(wanted.get(layer[n], 1.0)) for n in seen[step][1]), seen[step][1]
+    before = load_checkpoint(FREEZE_FIXTURE)["model"]  # under today's names
+    for key, value in last["model"].items():  # stage3 (model.2) still frozen: bit-identical; stem and stage2 trained
+        if key.startswith("model.2."):
+            assert torch.equal(value, before[key]), key
+    assert all(not torch.equal(last["model"][k], before[k]) for k in ("model.0.conv.weight", "model.1.0.conv.weight"))
+
+
+def test_a_run_of_4f22c48_with_a_mapping_of_two_validation_sets_resumes(tmp_path, shapes_dir):
+    written = torch.load(TWO_SETS_FIXTURE, weights_only=True)
+    assert written["data_fingerprint"]["val_images"] == 3 and "version" not in written["data_fingerprint"]  # day's only
+    old = copy_on(TWO_SETS_FIXTURE, tmp_path / "old", two_sets(tmp_path / "data", shapes_dir))
+    YOLO(str(old)).train(resume=True, project=str(tmp_path / "runs"), name="resumed")
+    last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
+    assert last["epoch"] == 1 and last["finished"] is True and {"day/fitness", "night/fitness"} <= set(last["metrics"])
+    assert last["data_fingerprint"]["val_images"] == 5 and last["data_fingerprint"]["version"] == 2  # now every set
+
+
+@pytest.mark.parametrize("changed", ["day", "train"])
+def test_a_4f22c48_checkpoint_of_two_validation_sets_is_refused_on_a_changed_dataset(tmp_path, shapes_dir, changed):
+    """What 4f22c48 recorded (train images, the first set's images, names) is still compared: a change is refused."""
+    data = two_sets(tmp_path / "data", shapes_dir, day=2 if changed == "day" else 3)
+    if changed == "train":
+        (tmp_path / "data" / "train.txt").write_text("\n".join(sorted(map(str, (shapes_dir / "images" / "train").glob("*.jpg")))[:6]))
+    old = copy_on(TWO_SETS_FIXTURE, tmp_path / "old", data)
+    with pytest.raises(ResumeError, match="the dataset changed"):
+        YOLO(str(old)).train(resume=True, project=str(tmp_path / "runs"), name="resumed")
+    assert not (tmp_path / "runs" / "resumed" / "weights" / "last.pt").exists()
+
+
+def test_a_fingerprint_is_compared_in_the_form_its_checkpoint_recorded(tmp_path, shapes_dir):
+    mapping = check_data(str(two_sets(tmp_path / "a", shapes_dir)))
+    today = dataset_fingerprint(mapping)
+    assert today["val_images"] == 5 and today["version"] == 2
+    check_same_dataset({"data_fingerprint": today}, mapping, "new.pt")  # the same data
+    night_changed = check_data(str(two_sets(tmp_path / "b", shapes_dir, night=1)))
+    with pytest.raises(ResumeError, match="the dataset changed"):  # today's form sees every set
+        check_same_dataset({"data_fingerprint": today}, night_changed, "new.pt")
+    recorded = torch.load(TWO_SETS_FIXTURE, weights_only=True)["data_fingerprint"]  # 4f22c48: the first set of a mapping
+    check_same_dataset({"data_fingerprint": recorded}, mapping, "old.pt")
+    with pytest.raises(ResumeError, match="the dataset changed"):  # 5 is not what 4f22c48 counted for this mapping
+        check_same_dataset({"data_fingerprint": {**recorded, "val_images": 5}}, mapping, "old.pt")
+    folder = tmp_path / "c"  # a list under val: 4f22c48 joined it into one set, so it counted every image, as today
+    listed = check_data(str(write_yaml(folder, shapes_dir, list(lists(folder, shapes_dir, "val", {"day": slice(0, 3), "night": slice(3, 5)}).values()))))
+    assert len(listed["val_sets"]) == 2 and dataset_fingerprint(listed)["val_images"] == 5
+    check_same_dataset({"data_fingerprint": {**recorded, "val_images": 5}}, listed, "old.pt")
+    with pytest.raises(ResumeError, match="the dataset changed"):
+        check_same_dataset({"data_fingerprint": recorded}, listed, "old.pt")

@@ -270,6 +270,7 @@ def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: P
         out[key] = split(cfg.get(key), key) if key != "val" else None
     out["val_sets"] = {name: split(value, f"val: {name}") for name, value in _val_sets(cfg, yaml_file).items()}
     out["val"] = next(iter(out["val_sets"].values()))  # the first set: what a single-set reader of data["val"] gets
+    out["val_named"] = isinstance(cfg.get("val"), dict)  # a {name: path} mapping (fingerprints of version 1 counted its first set)
     out["names"], out["nc"] = names, len(names)
     if cfg.get("category_ids") is not None:
         ids = cfg["category_ids"]

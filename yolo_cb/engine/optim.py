@@ -6,7 +6,8 @@ each following one scheduled group: `sync_late_groups`, before every optimizer s
 hyperparameters (momentum, weight decay, betas) and its LR times a ramp. The ramp is 0 while the group is frozen and
 (k + 1) / ramp_iters at the k-th batch from the first optimizer step at which a tensor of the group is trainable, then 1:
 unfrozen layers warm up on their own while the others go on at the schedule's LR. The ramp's start is a key of the
-group, so it is in the optimizer's state_dict and a resume continues the ramp where it was.
+group, so it is in the optimizer's state_dict and a resume continues the ramp where it was. A state_dict saved before late
+groups existed (groups 0-2 holding every tensor, as 4f22c48 wrote it) is laid out as today's groups by `fit_saved_layout`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,34 @@ def sync_late_groups(optimizer: torch.optim.Optimizer, ni: int) -> None:
         leader = optimizer.param_groups[group[FOLLOWS]]
         group.update({k: v for k, v in leader.items() if k not in ("params", "lr", "initial_lr")})
         group["lr"] = leader["lr"] * ramp
+
+
+def fit_saved_layout(state: dict, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+    """`state` (an optimizer state_dict) as `optimizer` lays its tensors out. Saved before late groups existed, it has
+    groups 0-2 holding every tensor, frozen ones too (parameter_groups' lists): each tensor's state moves from its
+    position there to its position in today's groups, and groups 0-2 keep their saved hyperparameters. A late group
+    with a tensor that has state was unfrozen and trained in that run, at the schedule's LR: its ramp counts as over.
+    Any other state_dict is returned unchanged (torch's load_state_dict refuses a layout that does not fit)."""
+    saved = state["param_groups"]
+    if len(saved) != 3 or any(FOLLOWS in group for group in saved) or not any(FOLLOWS in g for g in optimizer.param_groups):
+        return state
+    decay, norm, bias = parameter_groups(model)
+    old = (bias, decay, norm)
+    if [len(group["params"]) for group in saved] != [len(params) for params in old]:
+        raise ValueError(f"the saved optimizer state has groups of {[len(g['params']) for g in saved]} tensors, but this model's "
+                         f"biases / weights / norm weights are {[len(p) for p in old]}: it was not saved for this model")
+    position = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    moved = {position[id(p)]: state["state"][key] for group, params in zip(saved, old, strict=True)
+             for key, p in zip(group["params"], params, strict=True) if key in state["state"]}
+    groups = optimizer.state_dict()["param_groups"]  # today's layout, tensors numbered in order
+    for index, group in enumerate(groups):
+        if index < 3:
+            groups[index] = {**saved[index], "params": group["params"]}
+        elif any(key in moved for key in group["params"]):
+            group.update({RAMP_START: 0, RAMP_ITERS: 1})  # trained without a ramp before the checkpoint: full LR from now on
+    LOGGER.info(f"optimizer state saved in 3 groups (before unfreeze_warmup): {len(moved)} tensors' state laid out in today's "
+                f"{len(groups)} groups")
+    return {"state": moved, "param_groups": groups}
 
 
 def resolve_optimizer(name: str, lr0: float, momentum: float, iterations: int) -> tuple[str, float, float]:

@@ -34,6 +34,9 @@ from yolo_cb.utils.log import LOGGER
 # Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
 # else would change what is trained.
 RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
+# The form of dataset_fingerprint: 2 counts the images of every validation set; 1, a fingerprint without "version" (yolo-cb
+# up to 4f22c48), counted only the first set of a `val:` mapping. A checkpoint is compared in the form it recorded.
+FINGERPRINT_VERSION = 2
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
@@ -292,11 +295,12 @@ def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -
 def check_resume_data(args, ckpt: Checkpoint | dict, path: Path) -> None:
     """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
 
-    check_same_dataset(ckpt, dataset_fingerprint(check_data(args.data or "shapes.yaml", args.datasets_dir)), path)
+    check_same_dataset(ckpt, check_data(args.data or "shapes.yaml", args.datasets_dir), path)
 
 
-def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names."""
+def dataset_fingerprint(data: dict[str, Any], version: int = FINGERPRINT_VERSION) -> dict[str, Any]:
+    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names;
+    in the form `version` (FINGERPRINT_VERSION) counts them, which new fingerprints record."""
 
     def count(split) -> int:
         try:
@@ -305,9 +309,11 @@ def dataset_fingerprint(data: dict[str, Any]) -> dict[str, Any]:
             return 0
 
     names = data.get("names") or {}
-    val_sets = data.get("val_sets") or {"val": data.get("val")}  # every validation set's images (a list: as when it was one set)
-    return {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")),
-            "val_images": sum(count(split) for split in val_sets.values()), "names": [str(names[k]) for k in sorted(names)]}
+    val_sets = list((data.get("val_sets") or {"val": data.get("val")}).values())  # a list: as when it was one set
+    counted = val_sets[:1] if version < 2 and data.get("val_named") else val_sets
+    fingerprint = {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")),
+                   "val_images": sum(count(split) for split in counted), "names": [str(names[k]) for k in sorted(names)]}
+    return {**fingerprint, "version": version} if version >= 2 else fingerprint
 
 
 def describe_dataset(fingerprint: dict[str, Any]) -> str:
@@ -316,10 +322,12 @@ def describe_dataset(fingerprint: dict[str, Any]) -> str:
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 
-def check_same_dataset(ckpt: Checkpoint | dict[str, Any], fingerprint: dict[str, Any], path: Any) -> None:
-    """Refuse (ResumeError) to resume `ckpt` on a dataset other than the one it was trained on, naming both."""
+def check_same_dataset(ckpt: Checkpoint | dict[str, Any], data: dict[str, Any], path: Any) -> None:
+    """Refuse (ResumeError) to resume `ckpt` on a dataset (`data`, check_data's dict) other than the one it was trained
+    on, naming both; the images are counted as the checkpoint's fingerprint counted them (its version)."""
     ckpt = Checkpoint.of(ckpt, path)
     old = ckpt.data_fingerprint
+    fingerprint = dataset_fingerprint(data, int(old.get("version", 1)) if old is not None else FINGERPRINT_VERSION)
     if old is None:  # an older checkpoint: only its class names are known
         old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.names or {}).items())]
         if old_names and old_names != fingerprint["names"]:

@@ -14,6 +14,7 @@ import torch
 
 from yolo_cb.engine.checkpoint import Checkpoint, checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
 from yolo_cb.engine.ema import unwrap
+from yolo_cb.engine.optim import fit_saved_layout
 from yolo_cb.engine.resume import check_same_dataset
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils import dist as distributed
@@ -83,7 +84,7 @@ def load_state(trainer, ckpt: Checkpoint | dict) -> None:
     ckpt = Checkpoint.of(ckpt, trainer.args.resume)
     load_weights_strictly(unwrap(trainer.model), ckpt.model, f"checkpoint '{trainer.args.resume}'")
     if ckpt.optimizer:
-        trainer.optimizer.load_state_dict(ckpt.optimizer)
+        trainer.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, trainer.optimizer, unwrap(trainer.model)))
     else:
         LOGGER.warning("WARNING the checkpoint has no optimizer state (a finished run); the optimizer starts fresh")
     if trainer.ema is not None and ckpt.ema:
@@ -108,7 +109,7 @@ def load_state(trainer, ckpt: Checkpoint | dict) -> None:
     if skip:
         trainer.stepped = True
         trainer.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
-    check_same_dataset(ckpt, trainer.data_fingerprint(), trainer.args.resume)
+    check_same_dataset(ckpt, trainer.data, trainer.args.resume)
     if trainer.start_epoch >= trainer.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {trainer.epochs} epochs are trained; finishing the run (final validation of best.pt)")
     elif skip:
