@@ -82,7 +82,9 @@ class DVCLive(Tracker):
         with contextlib.ExitStack() as stack:
             if root is None:
                 stack.enter_context(swapped(dvclive.live, "get_dvc_repo", lambda: None))
-            live = dvclive.live.Live(dir=str(save_dir / "dvclive"), dvcyaml=str(save_dir / "dvc.yaml"), save_dvc_exp=True)
+            # a resumed training continues the files (DVC Live's step goes on from metrics.json's) instead of clearing them
+            live = dvclive.live.Live(dir=str(save_dir / "dvclive"), dvcyaml=str(save_dir / "dvc.yaml"), save_dvc_exp=True,
+                                     resume=bool(trainer.start_epoch))
         live.log_params(trainer.args.as_dict())
         where = f"in the DVC repository {root}" if root is not None else "outside a DVC repository"
         LOGGER.info(f"DVC Live: logging to {save_dir / 'dvclive'} ({where})")
