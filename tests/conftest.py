@@ -21,6 +21,11 @@ def pytest_configure(config):
     one two threads wait on each other at every parallel region (measured: tests/test_training_control.py and
     tests/test_lr_schedule.py beside two busy processes, 130 s with two threads, 57 s with one)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The user's own settings file (`yolo-cb settings`, yolo_cb/user_settings.py) never reaches the suite: its folder is
+    # one that does not exist (tests of the file point YOLO_CB_CONFIG_DIR at their tmp_path).
+    import tempfile
+
+    os.environ["YOLO_CB_CONFIG_DIR"] = os.path.join(tempfile.gettempdir(), f"yolo-cb-no-user-settings-{os.getpid()}")
     # A suite started in the background of a non-interactive shell (`make test &`, `bash -c '... &'`: how CI logs are
     # often made) starts with SIGINT ignored, and every process a test starts inherits that through exec: Ctrl-C tests
     # then see a child that cannot be interrupted. The suite runs as from a terminal: SIGINT raises KeyboardInterrupt.

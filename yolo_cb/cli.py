@@ -1,6 +1,6 @@
 """`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
 
-Modes: train, val, predict, export, tune; and `yolo-cb cfg | help | version`.
+Modes: train, val, predict, export, tune; and `yolo-cb cfg | callbacks | settings | help | version`.
 A usage error, or any error the user can fix (yolo_cb.errors.UserError: bad settings, data, checkpoint, an
 unwritable project=), prints one clear message (no traceback) and exits with status 2; other errors are bugs
 and keep their traceback (exit 1).
@@ -12,14 +12,15 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import describe_settings, get_config, load_defaults
+from yolo_cb.config import coerce, describe_settings, get_config, load_defaults
 from yolo_cb.errors import UserError
+from yolo_cb.user_settings import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune", "benchmark")
-SPECIAL = ("cfg", "callbacks", "help", "version")
+SPECIAL = ("cfg", "callbacks", "settings", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -28,6 +29,7 @@ Usage:
   yolo-cb MODE key=value ...      MODE is one of: train val predict export tune benchmark
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
+  yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
   yolo-cb help | version
 
 Examples:
@@ -147,6 +149,30 @@ def print_settings() -> None:
             print(f"{key:<24} {shown:<12} {comment}")
 
 
+def settings_command(rest: list[str]) -> None:
+    """`yolo-cb settings`: show the user's settings file; `key=value ...`: type, check and save them; `reset`: delete it."""
+    if rest == ["reset"]:
+        print(f"removed {reset_user_settings()} (every setting is back to cfg/default.yaml's)")
+        return
+    values = {}
+    for token in rest:
+        key, sep, value = token.partition("=")
+        if not sep:
+            raise UsageError(f"'{token}' is not key=value: write e.g. `yolo-cb settings mlflow=False comet=True`, or `yolo-cb settings reset`")
+        key = key.strip().replace("-", "_")
+        check_key(key, "")
+        values[key] = coerce(key, value)
+    if values:
+        print(f"saved {save_user_settings(values)}")
+    path, saved = settings_path(), load_user_settings()
+    print(f"# {path}{'' if path.is_file() else ' (no file yet)'}; YOLO_CB_CONFIG_DIR moves it")
+    defaults = load_defaults()
+    for key in USER_KEYS:
+        shown = saved.get(key, defaults.get(key))
+        print(f"{key:<14} {'' if shown is None else str(shown).lower() if isinstance(shown, bool) else shown:<8} "
+              f"{'(yours)' if key in saved else '(default)'}")
+
+
 def drain(results: Iterator[object]) -> int:
     """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
     the number of images and video frames. Returns how many there were."""
@@ -162,6 +188,8 @@ def drain(results: Iterator[object]) -> int:
 
 
 def run(argv: list[str]) -> object:
+    if argv[:1] == ["settings"]:
+        return settings_command(argv[1:])
     mode, overrides = parse_args(argv)
     if mode == "help":
         print(HELP)

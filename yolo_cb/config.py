@@ -1,4 +1,4 @@
-"""Settings: defaults from cfg/default.yaml, a `cfg=` file, then overrides; typed, range-checked, strict.
+"""Settings: defaults from cfg/default.yaml, the user's settings file, a `cfg=` file, then overrides; typed, range-checked, strict.
 
 An unknown key, a wrong type or an out-of-range value raises ConfigError naming the key,
 the value and what would be right (with 'did you mean' for misspelt keys). Each setting's kind, range or choices
@@ -19,6 +19,7 @@ from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind
+from yolo_cb.user_settings import load_user_settings
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import load_yaml, yaml_loads
@@ -323,9 +324,10 @@ def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict
 
 
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
-    """Defaults <- `base` (e.g. a checkpoint's train_args) <- cfg= file <- overrides; typed and checked."""
+    """Defaults <- the user's settings file (yolo_cb/user_settings.py) <- `base` (e.g. a checkpoint's train_args) <- cfg=
+    file <- overrides; typed and checked."""
     defaults = load_defaults()
-    merged = dict(defaults)
+    merged = {**defaults, **load_user_settings()}
     overrides = dict(overrides or {})
     if base:
         merged.update({k: v for k, v in base.items() if k in defaults})

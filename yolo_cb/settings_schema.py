@@ -107,6 +107,7 @@ RULES: dict[str, Setting] = {
     "tune_keep": _int(0, **T),
     # callbacks and integrations
     "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
+    "comet": _k("bool"), "clearml": _k("bool"), "dvc": _k("bool"),
     "onnx_check": _enum(True, False, "strict", **RT),
     "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
     "onnx_check_tol": _k("positive", **R),

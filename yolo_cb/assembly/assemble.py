@@ -27,6 +27,7 @@ from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings_schema import load_defaults
+from yolo_cb.user_settings import load_user_settings
 from yolo_cb.utils.log import LOGGER
 
 __all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
@@ -79,15 +80,17 @@ def importable(module: str) -> bool:
 
 
 def _asked_for(name: str, args: Any) -> bool:
-    """Whether the integration's setting is off by default and this run turned it on (an on-by-default one only warns)."""
-    return load_defaults().get(name) in (False, None) and bool(getattr(args, name, None))
+    """Whether the integration's setting is off by default, also in the user's settings file, and this run turned it on
+    (one on by default or switched on in that file only warns when its package is missing)."""
+    defaults = {**load_defaults(), **load_user_settings()}
+    return defaults.get(name) in (False, None) and bool(getattr(args, name, None))
 
 
 def add_integration_callbacks(instance: Any, args: Any = None) -> None:
     """Ultralytics' add_integration_callbacks(trainer): register the integrations `args` (default: instance.args) switch on
     onto instance.callbacks (or onto `instance`, a Callbacks), each once, in name order (never the order modules were
-    imported in). A missing package warns for an integration on by default and is an error for one the settings turned
-    on (wandb=True)."""
+    imported in). A missing package warns for an integration on by default or switched on in the user's settings file
+    (`yolo-cb settings comet=True`), and is an error for one this run's settings turned on (wandb=True)."""
     load_integrations()
     callbacks = instance if isinstance(instance, Callbacks) else instance.callbacks
     args = args if args is not None else instance.args

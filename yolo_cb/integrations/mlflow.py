@@ -7,6 +7,7 @@ Where it logs (first match):
    `<project or runs/detect>/mlruns/artifacts` — view it with `mlflow ui --backend-store-uri sqlite:///<that path>`.
 Experiment: MLFLOW_EXPERIMENT_NAME, else the basename of `project`, else "yolo-cb". Run name: MLFLOW_RUN, else the
 run dir name. A resumed training continues its MLflow run (the run id is stored in the checkpoint).
+MLFLOW_KEEP_RUN_ACTIVE (Ultralytics') is refused with one warning: start the run yourself (case 1) to keep it open.
 
 Logged: every setting as a param (on_pretrain_routine_end); each epoch (on_fit_epoch_end, step = 0-based epoch) the
 train losses, learning rates and — for epochs that validated — the metrics, with keys made MLflow-safe
@@ -29,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from yolo_cb.callbacks.registry import integration
+from yolo_cb.integrations.tracking import refuse_unread
 from yolo_cb.utils.files import default_project
 from yolo_cb.utils.log import LOGGER
 
@@ -40,6 +42,8 @@ MAX_PARAM_CHARS = 6000  # MLflow's limit for a param value
 BATCH = 100  # params per log_batch request (MLflow's limit)
 ROOT_FILES = ("results.csv", "args.yaml", "export_check.csv", "*.png", "*.jpg", "*.onnx")
 WEIGHT_FILES = ("best.pt", "last.pt", "*.onnx")
+# Ultralytics' MLflow variables yolo-cb does not read, and what does their job here
+UNREAD = (("MLFLOW_KEEP_RUN_ACTIVE", "start the run yourself with mlflow.start_run(): yolo-cb logs into it and leaves it open"),)
 
 
 class MLflowUnavailable(RuntimeError):
@@ -147,6 +151,7 @@ class MLflow:
     # --- start -------------------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
         if trainer.is_main:
+            refuse_unread(UNREAD, "MLflow")
             self._call(self._start, trainer)
 
     def _start(self, trainer) -> None:
