@@ -35,7 +35,8 @@ import pytest
 import torch
 from shared_data import GOLDEN_DIR
 
-from yolo_cb import YOLO, weights
+from yolo_cb import YOLO
+from yolo_cb.engine import weights
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.checkpoint import UnsafeCheckpointError, load_checkpoint, model_from_checkpoint
 from yolo_cb.errors import CheckpointError

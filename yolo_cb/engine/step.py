@@ -76,10 +76,12 @@ class BatchStep:
         self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
         with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
             loss_dict = self.forward(trainer)(images, targets)
-        self.loss = loss_dict["total"]
+        read = self.loss = loss_dict["total"]
         finite = self.read_losses(trainer, loss_dict)
         clock.spent("forward", start)
         trainer.run_callbacks("on_train_batch_loss_end")
+        if self.loss is not read:  # a callback replaced the loss (trainer.loss = ...): the guard checks what will be backpropagated
+            finite = bool(torch.isfinite(self.loss.detach()).all())
         if distributed.any_rank(not finite, trainer.flag_device):
             self.skip_nonfinite(trainer)
             return
