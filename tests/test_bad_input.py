@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 # what a tiny training needs besides the case's own faulty setting
 QUICK = ["imgsz=64", "batch=2", "epochs=1", "workers=0", "plots=false", "mlflow=false", "tensorboard=false", "onnx_check=false"]
+# the cases that train until the error: the smallest model (the default, yolocb-n, costs 3x the CPU and tests nothing more)
+QUICK_RUN = [*QUICK, "model=yolox-nano.yaml"]
 PROGRESS = re.compile(r"\d+%\|.*\| *\d+/\d+ \[")
 EVIL_TAG = "!!python/object/apply:os.system ['echo pwned > /tmp/yolo_cb_pwned']"
 
@@ -106,19 +108,19 @@ def case_setup(name: str, tmp: Path, shapes_small_yaml: Path):
     if name == "project_is_a_file":
         f = tmp / "a_file"
         f.write_text("not a folder\n")
-        return ["train", f"data={data()}", f"project={f}", *QUICK], None, [f"project={f}", "not a folder"]
+        return ["train", f"data={data()}", f"project={f}", *QUICK_RUN], None, [f"project={f}", "not a folder"]
     if name == "project_read_only":
         mnt = tmp / "ro"
         wrap = namespace_with_tmpfs(mnt, "ro,size=1m")
-        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK], wrap, [f"project={mnt / 'runs'}", "read-only"]
+        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK_RUN], wrap, [f"project={mnt / 'runs'}", "read-only"]
     if name == "project_disk_full":
         mnt = tmp / "full"
         wrap = namespace_with_tmpfs(mnt, "size=64k", fill=True)
-        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK], wrap, [str(mnt / "runs"), "no space left"]
+        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK_RUN], wrap, [str(mnt / "runs"), "no space left"]
     if name == "project_disk_full_mid_run":  # room for args.yaml and results.csv, not for the first checkpoint
         mnt = tmp / "small"
         wrap = namespace_with_tmpfs(mnt, "size=128k")
-        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK], wrap, [str(mnt / "runs" / "train" / "weights"), "no space left",
+        return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK_RUN], wrap, [str(mnt / "runs" / "train" / "weights"), "no space left",
                                                                                         "on_model_save"]
     if name == "unsafe_checkpoint":
         import argparse
