@@ -21,6 +21,10 @@ def pytest_configure(config):
     one two threads wait on each other at every parallel region (measured: tests/test_training_control.py and
     tests/test_lr_schedule.py beside two busy processes, 130 s with two threads, 57 s with one)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # comet_ml, once imported (tests/test_integration_trackers.py), patches mlflow for the rest of the process and writes
+    # .cometml-runs/ into the working directory whenever a later test logs to MLflow (yolo_cb's Comet integration does
+    # the same for users, see integrations/comet.py: import_comet)
+    os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
     # The user's own settings file (`yolo-cb settings`, yolo_cb/user_settings.py) never reaches the suite: its folder is
     # one that does not exist (tests of the file point YOLO_CB_CONFIG_DIR at their tmp_path).
     import tempfile

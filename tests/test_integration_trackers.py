@@ -7,6 +7,7 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import zipfile
@@ -220,3 +221,12 @@ def test_switched_on_in_the_user_settings_without_the_package_warns_with_the_hin
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("WARNING integration")]
     assert sorted(lines) == sorted(f"WARNING integration '{n}' is off: it needs {m} (pip install 'yolo-cb[{n}]')" for n, m in TRACKERS.items())
     assert len(results(Path(tiny["project"]) / tiny["name"])) == 1
+
+
+def test_comet_is_imported_without_its_automatic_logging(tmp_path):
+    """comet_ml's import-time patches (mlflow, torch, tensorboard, ...) would log on their own for the rest of the process:
+    a later MLflow run then wrote .cometml-runs/ into the working directory. Our integration imports it with them off."""
+    env = {k: v for k, v in os.environ.items() if k != "COMET_DISABLE_AUTO_LOGGING"}
+    code = "from yolo_cb.integrations.comet import import_comet; print(hasattr(import_comet(), 'MODULE_FINDER'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-1] == "False"

@@ -44,6 +44,17 @@ def comet_mode() -> str:
     return mode
 
 
+def import_comet():
+    """comet_ml, imported with its automatic logging off unless the user turned it on (COMET_DISABLE_AUTO_LOGGING=0): on
+    import it patches mlflow, torch, tensorboard and others to log them on its own, for the rest of the process, and a
+    patched mlflow opens Comet experiments in the working directory (.cometml-runs/) whenever MLflow logs. This
+    integration logs what it logs explicitly."""
+    os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
+    import comet_ml
+
+    return comet_ml
+
+
 @integration("comet", enabled=lambda args: bool(args.comet), requires={"comet_ml": "pip install 'yolo-cb[comet]'"})
 class Comet(Tracker):
     """Logs a training to Comet; see the module docstring."""
@@ -51,8 +62,7 @@ class Comet(Tracker):
     title = "Comet"
 
     def start(self, trainer):
-        import comet_ml
-
+        comet_ml = import_comet()
         refuse_unread(UNREAD, self.title)
         save_dir = Path(trainer.save_dir)
         mode, project = comet_mode(), project_name(trainer, "COMET_PROJECT_NAME")
