@@ -4,10 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch and torchvision are pinned here for this machine's local wheel store; pyproject keeps ranges for users.
 TORCH := torch==2.14.1 torchvision==0.29.1
-# test processes side by side (pytest-xdist): the suite's processes use one thread each (tests/conftest.py) and many
-# of its tests wait on processes they start, so three keep a 2-core machine's cores busy (measured on 85 of its tests:
-# 218 s with two, 204 s with three); a file's tests stay in one process (its module fixtures are built once)
-TEST_JOBS ?= 3
+# test processes side by side (pytest-xdist): the suite's processes use one thread each (tests/conftest.py), so two
+# keep both cores of a 2-core machine busy (three were slower: 948 s against 830 s for the whole suite in a clean
+# clone); a file's tests stay in one process (its module fixtures are built once)
+TEST_JOBS ?= 2
 
 .PHONY: venv demo test bench lint clean
 
