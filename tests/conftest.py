@@ -37,20 +37,6 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The suite's longest files (`pytest --durations=60`, 2026-12-01), started first: with the suite in several processes
-# (`make test`: pytest-xdist, a file per process) a long file started last keeps one process busy while the others
-# wait. A stale list only costs time.
-LONGEST_FILES = ("test_export_formats.py", "test_data_safety.py", "test_fault_tolerance.py", "test_tune_resume.py", "test_export_hostile.py",
-                 "test_tune.py", "test_switching_habits.py", "test_cli_journey.py", "test_features_doc.py", "test_bad_input.py",
-                 "test_gpu_check.py", "test_ddp.py", "test_ultralytics_habits.py", "test_resume_safety.py", "test_predict_hostile.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """LONGEST_FILES first, in that order, then the rest as collected; each file's tests in their own order."""
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.fspath.basename, len(rank)))  # stable: the order inside a file stays
-
-
 def _checkout_files() -> set[str]:
     """Files in the checkout, git-ignored ones included, except the venv and Python's own byte-code caches."""
     import subprocess
