@@ -27,6 +27,7 @@ from yolo_cb.integrations.mlflow import public_uri
 from yolo_cb.launch import world_size_for
 from yolo_cb.settings_schema import RULES
 from yolo_cb.tune import report
+from yolo_cb.tune.claim import TrialClaim
 from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
 from yolo_cb.tune.space import default_space, parse_space, tunable_settings
@@ -285,8 +286,12 @@ class Tuner:
                 self._write_record()
             self.tracker.start({"study": self.study_name, "iterations": self.args.iterations, "pruner": type(study.pruner).__name__,
                                 "space": {p.name: p.as_yaml() for p in self.params}, **self.base})
-            while self._budget_left(study):
-                study.optimize(self._objective, n_trials=1, catch=(Exception,), callbacks=[self._after_trial])
+            self.claim = TrialClaim(self.storage_url, self.study_name, self.storage.engine)
+            while self.claim.hold_if(lambda: self._budget_left(study)):  # released by the new trial's first line (_objective)
+                try:
+                    study.optimize(self._objective, n_trials=1, catch=(Exception,), callbacks=[self._after_trial])
+                finally:
+                    self.claim.release()
         except KeyboardInterrupt as error:
             interrupted = error
         finally:
@@ -305,6 +310,7 @@ class Tuner:
         return self._summary(study)
 
     def _objective(self, trial) -> float:
+        self.claim.release()  # the trial is RUNNING in the storage now: other workers count it
         record_process(trial)
         params = {p.name: p.suggest(trial) for p in self.params}
         last = Path(trial.user_attrs["resume_from"]) if trial.user_attrs.get("resume_from") else None
