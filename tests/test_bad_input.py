@@ -30,7 +30,8 @@ EVIL_TAG = "!!python/object/apply:os.system ['echo pwned > /tmp/yolo_cb_pwned']"
 
 
 def cli(args: list[str], cwd: Path, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "HOME": str(cwd), "YOLO_CB_DATASETS": str(cwd / "datasets")}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "HOME": str(cwd), "YOLO_CB_DATASETS": str(cwd / "datasets"),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # one thread, as the test processes (tests/conftest.py)
     cmd = [*(wrap or []), sys.executable, "-m", "yolo_cb", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 

@@ -12,7 +12,9 @@ import pytest
 import test_checkpoint_trust
 import torch
 
+from yolo_cb import YOLO
 from yolo_cb.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from yolo_cb.errors import UserError
 
 pytestmark = pytest.mark.slow
 trained = test_checkpoint_trust.trained  # the finished one-epoch run and its data YAML, made once per module
@@ -63,10 +65,22 @@ def test_a_good_checkpoint_round_trips_its_checksum(tmp_path, trained):
     assert load_checkpoint(tmp_path / "copy.pt")["tensors_crc32"] == ckpt["tensors_crc32"]
 
 
-@pytest.mark.parametrize("content", [b"hello world", b"not a checkpoint, just text\n", b"", b"PK\x03\x04truncated"])
-def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, trained, content):
-    fake = tmp_path / "fake.pt"
-    fake.write_bytes(content)
+NO_CHECKPOINT = [b"hello world", b"not a checkpoint, just text\n", b"", b"PK\x03\x04truncated"]
+
+
+def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, trained):
+    """Each kind of non-checkpoint through each way in, in this process (one line naming the file, nothing trained); then
+    each way in once on the CLI (exit 2, no traceback): the CLI's handling does not depend on the file's content."""
+    for i, content in enumerate(NO_CHECKPOINT):
+        fake = tmp_path / f"fake{i}.pt"
+        fake.write_bytes(content)
+        attempts = (lambda f: YOLO(str(f)).val(data=trained[1]), lambda f: YOLO().train(resume=str(f)),
+                    lambda f: YOLO().train(pretrained=str(f), data=trained[1], epochs=1, project=str(tmp_path / "runs")))
+        for attempt in attempts:
+            with pytest.raises(UserError) as caught:
+                attempt(fake)
+            assert str(fake) in str(caught.value) and "\n" not in str(caught.value), (content, str(caught.value))
+    fake = tmp_path / "fake0.pt"
     for command in (["val", f"model={fake}", f"data={trained[1]}"], ["train", f"resume={fake}"],
                     ["train", f"pretrained={fake}", f"data={trained[1]}", "epochs=1", f"project={tmp_path / 'runs'}"]):
         assert_one_line(yolo_cb(tmp_path, *command), str(fake))

@@ -79,7 +79,8 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "HOME": str(cwd), "YOLO_CB_DATASETS": str(cwd / "default_datasets")}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "HOME": str(cwd), "YOLO_CB_DATASETS": str(cwd / "default_datasets"),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.run([sys.executable, "-m", "yolo_cb", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

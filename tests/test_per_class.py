@@ -74,7 +74,7 @@ def test_yolo_cb_val_writes_the_same_csv(run):
     best = run["dir"] / "weights" / "last.pt"
     cmd = [sys.executable, "-m", "yolo_cb", "val", f"model={best}", f"data={run['data']}", "imgsz=64", "batch=16", "workers=0",
            "plots=false", f"project={out}", "name=v"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=run["root"], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=run["root"], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = read(out / "v" / "results_per_class.csv")

@@ -22,6 +22,8 @@ import yaml
 
 from yolo_cb import YOLO
 from yolo_cb.errors import ConfigError
+from yolo_cb.tune import report
+from yolo_cb.tune.space import parse_space
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=1, workers=0, tensorboard=False, onnx_check=False, plots=False,
@@ -68,6 +70,8 @@ def cli_tune(tmp_path_factory, shapes_small_yaml):
 
 @pytest.mark.slow
 def test_cli_tune_end_to_end(cli_tune):
+    import optuna
+
     folder, out, tmp = cli_tune
     rows = read_csv(folder / "trials.csv")
     assert [(r["number"], r["state"]) for r in rows] == [("0", "COMPLETE"), ("1", "FAIL"), ("2", "COMPLETE"), ("3", "COMPLETE")]
@@ -97,8 +101,10 @@ def test_cli_tune_end_to_end(cli_tune):
     assert best["lr0"] == pytest.approx(float(top["lr0"])) and best["box"] == pytest.approx(float(top["box"]))
     assert best["optimizer"] == "AdamW" and best["mosaic"] == 0.0  # the fixed recipe every trial shared comes along
     assert "data" not in best and "epochs" not in best and "project" not in best
-    for name in ("tune_history.png", "tune_importance.png", "tune_parallel.png"):
-        assert (folder / name).stat().st_size > 1000, name
+    assert not list(folder.glob("*.png"))  # plots=False: no tune plots, and no trial drew its own either
+    study = optuna.load_study(study_name="cli", storage=f"sqlite:///{folder / 'study.db'}")
+    drawn = report.write_plots(study, tmp / "plots", parse_space(SPACE))  # what plots=True draws, for this study
+    assert [p.name for p in drawn] == list(report.PLOTS) and all(p.stat().st_size > 1000 for p in drawn)
     record = yaml.safe_load((folder / "tune.yaml").read_text())
     assert record["study_name"] == "cli" and record["storage"].startswith("sqlite:///") and (folder / "study.db").is_file()
     progress = [line for line in out.splitlines() if line.startswith("tune ") and ": trial " in line]
@@ -191,7 +197,7 @@ def test_ctrl_c_saves_then_resume_continues_the_study(tmp_path, shapes_small_yam
 
     folder = tmp_path / "tunes" / "stop"
     settings = {**TRIAL, "data": str(shapes_small_yaml), "iterations": 2, "pruner": "none", "space": SPACE, "mlflow": False,
-                "project": str(tmp_path / "tunes"), "name": "stop"}
+                "plots": True, "project": str(tmp_path / "tunes"), "name": "stop"}
     proc = tune_cli(tmp_path, settings)
     deadline = time.monotonic() + 300
     while not (folder / "trials" / "trial_1").is_dir() and proc.poll() is None and time.monotonic() < deadline:

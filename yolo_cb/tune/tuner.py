@@ -5,7 +5,8 @@ integration and user callback runs) in `<tune folder>/trials/trial_<n>`, reports
 (yolo_cb.tune.pruning) and is stopped through `trainer.stop` when the pruner says so. Trial 0 of a new study runs the
 settings as given (the baseline). The study lives in `<tune folder>/study.db` (SQLite) unless `storage=` names another
 Optuna storage, which several processes or machines may share; `resume=` continues a study. After every trial the
-folder gets trials.csv and best_hyperparameters.yaml; at the end (or on Ctrl-C) the plots too (yolo_cb.tune.report).
+folder gets trials.csv and best_hyperparameters.yaml; at the end (or on Ctrl-C) the plots too unless plots=False
+(yolo_cb.tune.report).
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ class Tuner:
         finally:
             self.tracker.end(interrupted is not None)
             if study is not None:
-                self._finish(study, plots=True)
+                self._finish(study, plots=self.args.plots)  # plots=False: the trials' plots and the tune's
             optuna.logging.set_verbosity(verbosity)
             if previous_term is not None:
                 signal.signal(signal.SIGTERM, previous_term)
