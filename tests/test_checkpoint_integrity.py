@@ -52,9 +52,13 @@ def test_a_flipped_block_fails_every_load_by_name(tmp_path, trained):
     ckpt = torch.load(bad, weights_only=True)  # what today's torch accepts without a word
     assert ckpt["epoch"] == 0
     images = sorted((Path(data).parent).glob("*.train.txt"))[0].read_text().split()[0]
-    for command in (["val", f"model={bad}", f"data={data}", "imgsz=64"], ["predict", f"model={bad}", f"source={images}"],
-                    ["export", f"model={bad}", "format=onnx"], ["train", f"resume={bad}", "callbacks="]):
-        assert_one_line(yolo_cb(tmp_path, *command), str(bad), "corrupt")
+    assert_one_line(yolo_cb(tmp_path, "val", f"model={bad}", f"data={data}", "imgsz=64"), str(bad), "corrupt")  # the CLI: exit 2
+    loads = (lambda: YOLO(str(bad)).predict(source=images), lambda: YOLO(str(bad)).export(format="onnx"),
+             lambda: YOLO().train(resume=str(bad), callbacks=""))  # every other way in, in this process
+    for load in loads:
+        with pytest.raises(CheckpointError, match="corrupt") as caught:
+            load()
+        assert str(bad) in str(caught.value) and "\n" not in str(caught.value)
     assert not list(tmp_path.glob("*.onnx")) and not (tmp_path / "runs").exists()
 
 
