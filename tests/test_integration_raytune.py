@@ -13,6 +13,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -107,11 +108,15 @@ def test_trials_csv_and_best_hyperparameters_agree_with_rays_results(ray_tune):
     assert (folder / "tune_history.png").is_file() and not (folder / "study.db").exists()
 
 
-def test_raytune_auto_reports_in_the_users_own_tuner_and_a_failing_report_warns_once(tmp_path, shapes_small_yaml):
-    """A Ray Tuner of the user's whose trainable trains with the defaults (raytune=auto): epoch 1 reaches Ray, the report of
-    epoch 2 raises, the integration is switched off with one warning and the training finishes."""
+def test_raytune_auto_in_the_users_own_tuner_a_failing_report_and_a_trial_the_scheduler_stops(tmp_path, shapes_small_yaml):
+    """A Ray Tuner of the user's whose trainable trains with the defaults (raytune=auto), two trials one after the other:
+    in `fails`, epoch 1 reaches Ray and the report of epoch 2 raises: the integration is switched off with one warning and
+    the training finishes; `stopped` is stopped by the scheduler after its first report: the training ends there (last.pt
+    saved, not finished), results.csv holding the epoch Ray has."""
     import ray
     from ray import tune
+
+    from yolo_cb.tune.ray_backend import finished
 
     data, project, log = str(shapes_small_yaml), str(tmp_path / "runs"), str(tmp_path / "worker.log")
 
@@ -125,29 +130,37 @@ def test_raytune_auto_reports_in_the_users_own_tuner_and_a_failing_report_warns_
 
         def report(metrics, **kwargs):
             calls.append(metrics)
-            if len(calls) > 1:
+            if config["name"] == "fails" and len(calls) > 1:
                 raise RuntimeError("injected report failure")
             return real(metrics, **kwargs)
 
         ray_tune.report = report
-        YOLO("yolox-nano.yaml").train(**{**TRIAL, "data": data, "project": project, "name": "own"})
+        YOLO("yolox-nano.yaml").train(**{**TRIAL, "data": data, "project": project, "name": config["name"]})
+
+    class StopsTrialStopped(tune.schedulers.FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            return self.STOP if trial.config["name"] == "stopped" else self.CONTINUE
 
     temp = tempfile.mkdtemp(prefix="yolo-cb-ray-test-")
     try:
         ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
-        grid = tune.Tuner(trainable, run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="own", verbose=0)).fit()
+        grid = tune.Tuner(trainable, param_space={"name": tune.grid_search(["fails", "stopped"])},
+                          tune_config=tune.TuneConfig(scheduler=StopsTrialStopped()),
+                          run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="own", verbose=0)).fit()
     finally:
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
     assert not grid.errors
-    run = tmp_path / "runs" / "own"
-    assert len(read_csv(run / "results.csv")) == 2 and (run / "weights" / "best.pt").is_file()
-    reported = ray_rows(Path(grid[0].path))
-    assert_rows_equal(reported, _first_rows(run / "results.csv", 1, tmp_path))  # epoch 1 reached Ray; epoch 2's report failed
+    results = {r.config["name"]: r for r in grid}
+    fails, stopped = tmp_path / "runs" / "fails", tmp_path / "runs" / "stopped"
+    assert len(read_csv(fails / "results.csv")) == 2 and (fails / "weights" / "best.pt").is_file() and finished(fails)
+    assert_rows_equal(ray_rows(Path(results["fails"].path)), _first_rows(fails / "results.csv", 1, tmp_path))  # epoch 2's report failed
     warnings = [line for line in Path(log).read_text().splitlines() if line.startswith("WARNING callback 'raytune'")]
     assert len(warnings) == 1 and "injected report failure" in warnings[0] and "training goes on" in warnings[0]
-    record = json.loads((run / "callbacks.json").read_text())
-    mine = [r for r in record["callbacks"] if r["name"] == "raytune"]  # one row per event it handles
+    mine = [r for r in json.loads((fails / "callbacks.json").read_text())["callbacks"] if r["name"] == "raytune"]  # a row per event
     assert sum(r["errors"] for r in mine) == 1 and any("injected report failure" in e for r in mine for e in r["first_errors"])
+    assert_rows_equal(ray_rows(Path(results["stopped"].path)), stopped / "results.csv")  # one epoch, in both
+    assert len(read_csv(stopped / "results.csv")) == 1 and (stopped / "weights" / "best.pt").is_file() and not finished(stopped)
 
 
 def _first_rows(path: Path, n: int, tmp_path: Path) -> Path:

@@ -14,6 +14,6 @@ from yolo_cb.tune.tuner import tune as run
 def tune(model, /, **kwargs) -> dict:
     """Run a tune on the backend `backend=` names (optuna, the default, or ray; a cfg= file may name it too)."""
     backend = kwargs.pop("backend", None)
-    chosen = get_config({"mode": "tune", **({"backend": backend} if backend is not None else {}),
-                         **({"cfg": kwargs["cfg"]} if kwargs.get("cfg") else {})}).backend  # a bad value: one ConfigError line
-    return ray_backend.tune(model, **kwargs) if chosen == "ray" else run(model, **kwargs)
+    args = get_config({"mode": "tune", **({"backend": backend} if backend is not None else {}),
+                       **({"cfg": kwargs["cfg"]} if kwargs.get("cfg") else {})})  # a bad value: one ConfigError line
+    return ray_backend.tune(model, **kwargs) if args.backend == "ray" else run(model, **kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import tempfile
 from datetime import timedelta
@@ -183,7 +184,11 @@ class RayTune:
 
         scheduler = self._scheduler()
         searcher = rt.search.BasicVariantGenerator(points_to_evaluate=[dict(self.t.baseline)], random_state=args.seed)
-        trainable = rt.with_resources(rt.with_parameters(train_trial, plan=self._plan("gpu" in resources)), resources)
+        try:
+            trainable = rt.with_resources(rt.with_parameters(train_trial, plan=self._plan("gpu" in resources)), resources)
+        except (TypeError, AttributeError, pickle.PicklingError) as error:  # sent to Ray's trial processes
+            raise ConfigError(f"backend=ray sends the settings and your callbacks to Ray's trial processes, and one cannot be pickled: "
+                              f"{type(error).__name__}: {str(error)[:300]}") from None
         LOGGER.info(f"tune: Ray Tune, {args.iterations} trials of {args.epochs} epochs, scheduler {type(scheduler).__name__}, "
                     f"{len(self.t.params)} settings sampled; results in {self.tune_dir} (Ray's in {self.tune_dir / RAY_DIR})")
         tuner = rt.Tuner(
