@@ -18,6 +18,7 @@ is used and left running. Ray Tune's own results (experiment state, each trial's
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pickle
 import shutil
@@ -29,6 +30,7 @@ from typing import Any
 from yolo_cb.engine.checkpoint import load_checkpoint
 from yolo_cb.engine.resume import is_finished
 from yolo_cb.errors import ConfigError
+from yolo_cb.integrations.mlflow import local_store, quiet_mlflow
 from yolo_cb.tune import report
 from yolo_cb.tune.pruning import MONITOR
 from yolo_cb.tune.space import Param
@@ -142,12 +144,30 @@ class RayTune:
 
     def run(self) -> dict:
         self.tune_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_mlflow()
         with self._ray():
             resources = self._resources()
             grid = self._fit(resources)
         trials = report.Trials(self.study_name, [self._row(result) for result in grid])
         self._write(trials)
         return self._summary(trials)
+
+    def _prepare_mlflow(self) -> None:
+        """mlflow=True: the trials' store and experiment, made here before they start together (two trial processes making one
+        new SQLite store or experiment at once both failed, and each switched MLflow off)."""
+        if not self.t.args.mlflow or importlib.util.find_spec("mlflow") is None:
+            return
+        try:
+            from mlflow.tracking import MlflowClient
+
+            uri, artifacts = (os.environ["MLFLOW_TRACKING_URI"], None) if os.environ.get("MLFLOW_TRACKING_URI") else local_store(str(self.trials_dir))
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or self.trials_dir.name  # the experiment each trial's run joins
+            with quiet_mlflow():
+                client = MlflowClient(uri)
+                if client.get_experiment_by_name(name) is None:
+                    client.create_experiment(name, artifact_location=artifacts)
+        except Exception as error:  # each trial's MLflow integration tries again and warns for itself
+            LOGGER.warning(f"WARNING tune: could not prepare the trials' MLflow store: {type(error).__name__}: {str(error)[:200]}")
 
     @contextlib.contextmanager
     def _ray(self):
