@@ -3,8 +3,9 @@ result.json and progress.csv) against each trial's results.csv, trials.csv and b
 integration switched on by itself (raytune=auto) in a trial of the user's own Ray Tuner, with a report that fails
 mid-run; a missing Ray; the settings refused or checked in one line.
 
-Ray's start costs seconds: the file starts it twice, once inside tune(backend="ray") (which must shut it down again)
-and once for the user's own Tuner; everything else runs without Ray.
+Ray's start costs seconds: the file starts one local Ray, through the backend's own `local_ray` (what `yolo-cb tune
+backend=ray` starts: it must shut Ray down and remove its session folder afterwards), and both searches use it (the
+backend leaves a Ray it did not start running); everything else runs without Ray.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import csv
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +25,7 @@ from yolo_cb import YOLO
 from yolo_cb.errors import ConfigError
 from yolo_cb.tune.pruning import MONITOR
 
-TRIAL = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=2, workers=0, tensorboard=False, onnx_check=False, plots=False,
+TRIAL = dict(model="yolox-nano.yaml", imgsz=32, batch=8, epochs=2, workers=0, tensorboard=False, onnx_check=False, plots=False,
              mlflow=False, optimizer="AdamW", mosaic=0.0, no_aug_epochs=0, warmup_epochs=0.0, fraction=0.25)  # one batch per epoch
 SPACE = {"lr0": [1.0e-4, 1.0e-2, "log"], "fliplr": {"choices": [0.0, 0.5]}, "degrees": {"low": 0.0, "high": 10.0, "step": 5.0}}
 
@@ -54,16 +54,27 @@ def ray_temp_dirs() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def ray_tune(tmp_path_factory, shapes_small_yaml):
-    """tune(backend="ray") in this process: Ray started by the tune (and shut down by it), 2 trials of 2 epochs, ASHA."""
+def local_ray():
+    """The file's one local Ray, started and stopped by the backend's own local_ray."""
     import ray
+
+    from yolo_cb.tune.ray_backend import local_ray
 
     assert not ray.is_initialized()
     before = ray_temp_dirs()
+    with local_ray(ray):
+        assert ray.is_initialized() and len(ray_temp_dirs() - before) == 1  # its session files in one temporary folder
+        yield ray
+    assert not ray.is_initialized() and ray_temp_dirs() == before  # shut down, the folder removed
+
+
+@pytest.fixture(scope="module")
+def ray_tune(local_ray, tmp_path_factory, shapes_small_yaml):
+    """tune(backend="ray") in this process: 2 trials of 2 epochs, ASHA."""
     tmp = tmp_path_factory.mktemp("ray_tune")
     summary = YOLO("yolox-nano.yaml").tune(**{**TRIAL, "data": str(shapes_small_yaml), "backend": "ray", "iterations": 2, "space": SPACE,
                                               "project": str(tmp / "tunes"), "name": "ray"})
-    assert not ray.is_initialized() and ray_temp_dirs() == before  # shut down, its session files removed
+    assert local_ray.is_initialized()  # a Ray the tune did not start is left running
     return tmp / "tunes" / "ray", summary
 
 
@@ -108,12 +119,11 @@ def test_trials_csv_and_best_hyperparameters_agree_with_rays_results(ray_tune):
     assert (folder / "tune_history.png").is_file() and not (folder / "study.db").exists()
 
 
-def test_raytune_auto_in_the_users_own_tuner_a_failing_report_and_a_trial_the_scheduler_stops(tmp_path, shapes_small_yaml):
-    """A Ray Tuner of the user's whose trainable trains with the defaults (raytune=auto), two trials one after the other:
+def test_raytune_auto_in_the_users_own_tuner_a_failing_report_and_a_trial_the_scheduler_stops(local_ray, tmp_path, shapes_small_yaml):
+    """A Ray Tuner of the user's whose trainable trains with the defaults (raytune=auto), two trials:
     in `fails`, epoch 1 reaches Ray and the report of epoch 2 raises: the integration is switched off with one warning and
     the training finishes; `stopped` is stopped by the scheduler after its first report: the training ends there (last.pt
     saved, not finished), results.csv holding the epoch Ray has."""
-    import ray
     from ray import tune
 
     from yolo_cb.tune.ray_backend import finished
@@ -141,15 +151,9 @@ def test_raytune_auto_in_the_users_own_tuner_a_failing_report_and_a_trial_the_sc
         def on_trial_result(self, tune_controller, trial, result):
             return self.STOP if trial.config["name"] == "stopped" else self.CONTINUE
 
-    temp = tempfile.mkdtemp(prefix="yolo-cb-ray-test-")
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
-        grid = tune.Tuner(trainable, param_space={"name": tune.grid_search(["fails", "stopped"])},
-                          tune_config=tune.TuneConfig(scheduler=StopsTrialStopped()),
-                          run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="own", verbose=0)).fit()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
+    grid = tune.Tuner(trainable, param_space={"name": tune.grid_search(["fails", "stopped"])},
+                      tune_config=tune.TuneConfig(scheduler=StopsTrialStopped()),
+                      run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="own", verbose=0)).fit()
     assert not grid.errors
     results = {r.config["name"]: r for r in grid}
     fails, stopped = tmp_path / "runs" / "fails", tmp_path / "runs" / "stopped"

@@ -113,6 +113,30 @@ def train_trial(config: dict, *, plan: dict) -> None:
     model.train(**{**plan["base"], **params, "project": plan["trials_dir"], "name": name, "exist_ok": True, "raytune": True})
 
 
+@contextlib.contextmanager
+def local_ray(ray):
+    """A local Ray for the block (started here, shut down after it), or the one already running in this process."""
+    if ray.is_initialized():
+        yield
+        return
+    temp = tempfile.mkdtemp(prefix="yolo-cb-ray-")  # Ray's session files (sockets: a short path), removed afterwards
+    previous = os.environ.get("RAY_USAGE_STATS_ENABLED")
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # Ray would report usage over the network
+    try:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False)  # the cluster RAY_ADDRESS names
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+        if previous is None:
+            os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
+        else:
+            os.environ["RAY_USAGE_STATS_ENABLED"] = previous
+
+
 class RayTune:
     """One Ray Tune search over the settings `tuner` read; see the module docstring."""
 
@@ -145,7 +169,7 @@ class RayTune:
     def run(self) -> dict:
         self.tune_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_mlflow()
-        with self._ray():
+        with local_ray(self.ray):
             resources = self._resources()
             grid = self._fit(resources)
         trials = report.Trials(self.study_name, [self._row(result) for result in grid])
@@ -168,30 +192,6 @@ class RayTune:
                     client.create_experiment(name, artifact_location=artifacts)
         except Exception as error:  # each trial's MLflow integration tries again and warns for itself
             LOGGER.warning(f"WARNING tune: could not prepare the trials' MLflow store: {type(error).__name__}: {str(error)[:200]}")
-
-    @contextlib.contextmanager
-    def _ray(self):
-        """A local Ray for this search (shut down after it), or the one already running in this process."""
-        ray = self.ray
-        if ray.is_initialized():
-            yield
-            return
-        temp = tempfile.mkdtemp(prefix="yolo-cb-ray-")  # Ray's session files (sockets: a short path), removed afterwards
-        previous = os.environ.get("RAY_USAGE_STATS_ENABLED")
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # Ray would report usage over the network
-        try:
-            if os.environ.get("RAY_ADDRESS"):
-                ray.init(include_dashboard=False)  # the cluster RAY_ADDRESS names
-            else:
-                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
-            yield
-        finally:
-            ray.shutdown()
-            shutil.rmtree(temp, ignore_errors=True)
-            if previous is None:
-                os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
-            else:
-                os.environ["RAY_USAGE_STATS_ENABLED"] = previous
 
     def _fit(self, resources: dict):
         rt, args = self.ray_tune, self.t.args
