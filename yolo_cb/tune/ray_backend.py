@@ -114,27 +114,37 @@ def train_trial(config: dict, *, plan: dict) -> None:
 
 
 @contextlib.contextmanager
+def environ(**values: str):
+    """These environment variables set during the block (Ray reads them when it starts, and when a search starts)."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
 def local_ray(ray):
     """A local Ray for the block (started here, shut down after it), or the one already running in this process."""
     if ray.is_initialized():
         yield
         return
     temp = tempfile.mkdtemp(prefix="yolo-cb-ray-")  # Ray's session files (sockets: a short path), removed afterwards
-    previous = os.environ.get("RAY_USAGE_STATS_ENABLED")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # Ray would report usage over the network
     try:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(include_dashboard=False)  # the cluster RAY_ADDRESS names
-        else:
-            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
+        with environ(RAY_USAGE_STATS_ENABLED="0"):  # Ray would report usage over the network
+            if os.environ.get("RAY_ADDRESS"):
+                ray.init(include_dashboard=False)  # the cluster RAY_ADDRESS names
+            else:
+                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
         yield
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-        if previous is None:
-            os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
-        else:
-            os.environ["RAY_USAGE_STATS_ENABLED"] = previous
 
 
 class RayTune:
@@ -215,8 +225,12 @@ class RayTune:
             trainable, param_space=space_to_ray(self.t.params, rt),
             tune_config=rt.TuneConfig(metric=MONITOR, mode="max", num_samples=args.iterations, scheduler=scheduler, search_alg=searcher,
                                       reuse_actors=False, trial_name_creator=trial_name, trial_dirname_creator=trial_name),
-            run_config=rt.RunConfig(storage_path=str(self.tune_dir), name=RAY_DIR, verbose=1 if args.verbose else 0))
-        return tuner.fit()
+            run_config=rt.RunConfig(storage_path=str(self.tune_dir), name=RAY_DIR, verbose=1 if args.verbose else 0,
+                                    callbacks=[rt.logger.CSVLoggerCallback(), rt.logger.JsonLoggerCallback()]))
+        # progress.csv, result.json and params.json; not Ray's TensorBoard logger (tensorboardX imports comet_ml when it is
+        # installed, whose import patches other libraries for the rest of the process)
+        with environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1"):
+            return tuner.fit()
 
     # --- results ---------------------------------------------------------------------------------
     def _row(self, result) -> report.TrialRow:
