@@ -6,10 +6,11 @@ results.csv writes for that epoch (`epoch` 1-based, `time`, `train/*`, `metrics/
 `yolo-cb tune` maximises —, `lr/pg*`, `time/*`), so a scheduler (ASHA, median stopping, ...) and Ray's own results
 (`result.json`, `progress.csv`, the ResultGrid) see the same numbers as results.csv. Main process only.
 
-Each epoch is reported when the next epoch starts, and the last one once training has ended (best.pt validated, every
-file written): Ray's function trainables wait inside `report` for the scheduler's decision, and a trial the scheduler
-stops leaves `report` through SystemExit. Stopped between two epochs, the training ends as on SIGTERM (last.pt saved,
-on_exception, teardown); stopped at the final report, the finished run is left as it is.
+Each epoch is reported when the next epoch starts, and the last one at teardown, once training has ended (best.pt
+validated, every on_train_end done, every file written): Ray's function trainables wait inside `report` for the
+scheduler's decision, and a trial the scheduler stops leaves `report` through SystemExit (and its process is ended soon
+after). Stopped between two epochs, the training ends as on SIGTERM (last.pt saved, on_exception, teardown); stopped at
+the final report, the finished run is left as it is.
 
 raytune=auto says nothing outside a trial and never imports Ray for it (a process running a trial has imported Ray
 Tune already). raytune=true outside a trial warns once that there is no session to report to. A missing Ray: with
@@ -74,8 +75,8 @@ class RayTuneReport:
     def on_train_epoch_start(self, trainer):
         self._report(final=False)
 
-    def on_train_end(self, trainer):
-        self._report(final=True)
+    def teardown(self, trainer):
+        self._report(final=True)  # after every on_train_end: a trial the scheduler stops now has nothing left but teardown
 
     def on_exception(self, trainer):
         self._report(final=True)  # the last validated epoch of a failed run is Ray's too
