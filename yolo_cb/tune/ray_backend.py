@@ -261,8 +261,9 @@ class RayTune:
         report.write_best(trials, self.tune_dir / report.BEST_NAME, self.t.fixed)
         report.keep_best_run_dirs(trials, self.trials_dir, self.t.args.tune_keep)
         report.write_plots(trials, self.tune_dir, self.t.params, names=("tune_history.png", "tune_parallel.png"))
-        for trial in trials.get_trials():
-            LOGGER.info(report.progress_line(trials, trial, self.t.args.iterations))
+        done = trials.get_trials()
+        for i, trial in enumerate(done):  # one line per trial, in trial order, as the Optuna backend logs them
+            LOGGER.info(report.progress_line(report.Trials(trials.study_name, done[: i + 1]), trial, self.t.args.iterations))
 
     def _summary(self, trials: report.Trials) -> dict:
         best = report.best_trial(trials)
