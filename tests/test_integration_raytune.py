@@ -192,7 +192,7 @@ def test_raytune_true_without_ray_gives_the_install_hint_and_the_run_finishes(ti
     assert len(read_csv(Path(tiny["project"]) / tiny["name"] / "results.csv")) == 1
 
 
-def test_backend_bad_is_one_error_line_and_optuna_only_settings_are_refused_with_ray(tmp_path, capsys):
+def test_backend_bad_is_one_error_line_optuna_only_settings_and_a_missing_ray_are_refused_with_ray(tmp_path, capsys):
     from yolo_cb.cli import entrypoint
 
     with pytest.raises(SystemExit) as exit_:
@@ -202,6 +202,10 @@ def test_backend_bad_is_one_error_line_and_optuna_only_settings_are_refused_with
     for key, value in (("storage", "sqlite:///x.db"), ("resume", "True"), ("raytune", "False")):
         with pytest.raises(ConfigError, match=rf"^{key}=.* with backend=ray: "):
             YOLO("yolox-nano.yaml").tune(backend="ray", project=str(tmp_path), **{key: value})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "ray", None)  # Ray not installed
+        with pytest.raises(ImportError, match=r"^tune backend=ray needs Ray Tune, an optional extra: pip install 'yolo-cb\[raytune\]'$"):
+            YOLO("yolox-nano.yaml").tune(backend="ray", project=str(tmp_path))
     assert not any(tmp_path.iterdir())  # refused before any folder was made
 
 
