@@ -104,10 +104,10 @@ RULES: dict[str, Setting] = {
     "export_tol": _k("positive"), "formats": _k("text"), "threads": _int(0),
     # tuning
     "iterations": _int(1, **T), "space": _k("free"), "storage": _k("free", **T), "pruner": _enum("median", "hyperband", "none"),
-    "tune_keep": _int(0, **T),
+    "tune_keep": _int(0, **T), "backend": _enum("optuna", "ray"),
     # callbacks and integrations
     "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
-    "comet": _k("bool"), "clearml": _k("bool"), "dvc": _k("bool"),
+    "comet": _k("bool"), "clearml": _k("bool"), "raytune": _enum("auto", True, False, **RT), "dvc": _k("bool"),
     "onnx_check": _enum(True, False, "strict", **RT),
     "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
     "onnx_check_tol": _k("positive", **R),

@@ -1,6 +1,8 @@
 """What a tune leaves in its folder: trials.csv, best_hyperparameters.yaml, three plots, and one progress line per trial.
 
-Everything is rewritten from the study itself (so a resumed or shared study reports all its trials), atomically.
+Everything is rewritten from the study itself (so a resumed or shared study reports all its trials), atomically. The
+writers read an Optuna study and its trials; a backend without one (Ray Tune, yolo_cb/tune/ray_backend.py) hands them
+`Trials`, its finished trials as `TrialRow`s with the same fields.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import io
 import math
 import shutil
 import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,37 @@ BEST_NAME = "best_hyperparameters.yaml"
 PLOTS = ("tune_history.png", "tune_importance.png", "tune_parallel.png")
 DONE_STATES = ("COMPLETE", "PRUNED", "FAIL")
 METRIC_COLUMNS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")  # best.pt's validation at the trial's end, beside its fitness
+
+
+class RowState(Enum):
+    """The states of DONE_STATES, named as Optuna's TrialState names them (`trial.state.name`)."""
+
+    COMPLETE = "COMPLETE"
+    PRUNED = "PRUNED"
+    FAIL = "FAIL"
+
+
+@dataclass
+class TrialRow:
+    """One finished trial of a backend without an Optuna study, with the fields of Optuna's FrozenTrial the writers read."""
+
+    number: int
+    state: RowState
+    value: float | None  # its fitness: best.pt's (complete), the last reported (pruned), None (failed)
+    params: dict[str, Any]
+    user_attrs: dict[str, Any] = field(default_factory=dict)  # run_dir, epochs, epochs_planned, metrics, error
+    duration: timedelta | None = None
+
+
+class Trials:
+    """A backend's finished trials, read by the writers of this module as an Optuna study is."""
+
+    def __init__(self, study_name: str, trials: list[TrialRow]):
+        self.study_name, self.trials = study_name, sorted(trials, key=lambda t: t.number)
+        self.user_attrs: dict[str, Any] = {}
+
+    def get_trials(self, deepcopy: bool = False, states=None) -> list[TrialRow]:
+        return list(self.trials)
 
 
 def state(trial) -> str:
@@ -124,10 +160,13 @@ def _folder_of(trial) -> Path | None:
     return Path(folder).resolve() if folder else None
 
 
-def write_plots(study, folder: Path, params: list) -> list[Path]:
-    """Optimisation history, parameter importances and parallel coordinates as PNGs (matplotlib on an Agg canvas)."""
+def write_plots(study, folder: Path, params: list, names: tuple[str, ...] = PLOTS) -> list[Path]:
+    """Optimisation history, parameter importances and parallel coordinates as PNGs (matplotlib on an Agg canvas); `names`:
+    those of PLOTS to draw (the importances need an Optuna study)."""
     written = []
     for name, draw in zip(PLOTS, (_history, _importance, _parallel), strict=True):
+        if name not in names:
+            continue
         try:
             if draw(study, Path(folder) / name, params):
                 written.append(Path(folder) / name)
