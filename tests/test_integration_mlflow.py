@@ -199,3 +199,33 @@ def test_local_store_without_a_server(tiny, monkeypatch):
     assert {"weights/best.pt", "weights/last.pt"} <= {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
     artifacts = Path(tiny["project"]) / "mlruns" / "artifacts"
     assert list(artifacts.rglob("best.pt"))  # artifacts beside the database, not in the cwd
+
+
+@pytest.mark.slow
+def test_a_tune_on_postgresql_prunes_and_logs_every_trial_to_the_server(env, tiny, postgres):
+    """Scale-out as a team runs it: the study in PostgreSQL, tracking on the MLflow server (PostgreSQL behind it too).
+    The pruner stops each trial after the first of its two epochs: PRUNED in the study, with one reported value; the
+    tune's parent run and one nested run per trial, with the trainer's metrics and weights, are read back from the server."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    storage = postgres.database("tune_pruned")
+    result = YOLO("yolox-nano.yaml").tune(**{**tiny, "epochs": 2, "fraction": 0.25, "mlflow": True, "name": "pg"}, iterations=2,
+                                          space={"momentum": [0.6, 0.98]}, pruner=optuna.pruners.ThresholdPruner(lower=2.0), storage=storage)
+    assert result["trials"] == {"COMPLETE": 0, "PRUNED": 2, "FAIL": 0}
+    study = optuna.load_study(study_name="pg", storage=storage)
+    assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
+    assert all(list(t.intermediate_values) == [0] and t.user_attrs["epochs"] == 1 for t in study.trials)
+
+    client = MlflowClient(env)
+    experiment = client.get_experiment_by_name(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("yolo_cb.tune") == "parent"]
+    assert parent.info.status == "FINISHED" and parent.data.params["iterations"] == "2"
+    assert client.get_metric_history(parent.info.run_id, "best_fitness") == []  # no trial completed: no best yet
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert sorted(children) == ["trial_0", "trial_1"]
+    for name, child in children.items():
+        assert child.data.tags["optuna.state"] == "PRUNED" and child.info.status == "FINISHED", name
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "metrics/mAP50-95B")] == [0], name  # one epoch
+        assert "weights/best.pt" in {a.path for a in client.list_artifacts(child.info.run_id, "weights")}, name

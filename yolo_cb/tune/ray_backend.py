@@ -260,7 +260,8 @@ class RayTune:
         report.write_csv(trials, self.tune_dir / report.CSV_NAME)
         report.write_best(trials, self.tune_dir / report.BEST_NAME, self.t.fixed)
         report.keep_best_run_dirs(trials, self.trials_dir, self.t.args.tune_keep)
-        report.write_plots(trials, self.tune_dir, self.t.params, names=("tune_history.png", "tune_parallel.png"))
+        if self.t.args.plots:  # plots=False: none, as with the Optuna backend
+            report.write_plots(trials, self.tune_dir, self.t.params, names=("tune_history.png", "tune_parallel.png"))
         done = trials.get_trials()
         for i, trial in enumerate(done):  # one line per trial, in trial order, as the Optuna backend logs them
             LOGGER.info(report.progress_line(report.Trials(trials.study_name, done[: i + 1]), trial, self.t.args.iterations))
