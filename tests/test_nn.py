@@ -238,3 +238,16 @@ def test_importing_the_facade_does_not_import_torchvision():
     code = "import sys, yolo_cb.model, yolo_cb.cli; print('torchvision' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_a_training_refused_before_it_starts_never_imports_dynamo(tmp_path):
+    """A run that stops at its settings or data (most CLI refusals) costs only the torch import: putting the process's
+    deterministic-algorithms flag back (torch's setter imports torch._inductor and torch._dynamo, ~2 s of CPU) happens
+    only when the run changed it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom yolo_cb import YOLO\n"
+            "try:\n    YOLO('yolox-nano.yaml').train(data='missing.yaml')\nexcept FileNotFoundError:\n    print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    assert out == "False"

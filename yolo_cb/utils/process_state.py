@@ -30,7 +30,9 @@ def save_process_state(logger: logging.Logger) -> ProcessState:
 def restore_process_state(state: ProcessState, logger: logging.Logger) -> None:
     import torch
 
-    torch.use_deterministic_algorithms(state.deterministic, warn_only=state.deterministic_warn_only)
+    now = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    if now != (state.deterministic, state.deterministic_warn_only):  # the setter imports torch._inductor (~2 s of CPU): only on a change
+        torch.use_deterministic_algorithms(state.deterministic, warn_only=state.deterministic_warn_only)
     torch.backends.cudnn.deterministic = state.cudnn_deterministic
     torch.backends.cudnn.benchmark = state.cudnn_benchmark
     if state.cublas_workspace is None:
