@@ -267,17 +267,7 @@ class RayTune:
             LOGGER.info(report.progress_line(report.Trials(trials.study_name, done[: i + 1]), trial, self.t.args.iterations))
 
     def _summary(self, trials: report.Trials) -> dict:
-        best = report.best_trial(trials)
-        counts = {s: sum(report.state(t) == s for t in trials.get_trials()) for s in report.DONE_STATES}
-        summary = {"save_dir": str(self.tune_dir), "study_name": self.study_name, "storage": str(self.tune_dir / RAY_DIR), "backend": "ray",
-                   "trials": counts, "best_trial": best.number if best else None, "best_fitness": best.value if best else None,
-                   "best_hyperparameters": {**self.t.fixed, **best.params} if best else None}
-        if best is None:
-            LOGGER.warning(f"tune: no trial completed ({counts['PRUNED']} pruned, {counts['FAIL']} failed); see {self.tune_dir / report.CSV_NAME}")
-        else:
-            LOGGER.info(f"tune done (Ray Tune): best trial {best.number} fitness {best.value:.4g} ({counts['COMPLETE']} complete, "
-                        f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); train with: yolo-cb train cfg={self.tune_dir / report.BEST_NAME} data=...")
-        return summary
+        return report.summary(trials, self.tune_dir, str(self.tune_dir / RAY_DIR), self.t.fixed, backend="ray")
 
 
 def finished(folder: Path) -> bool:

@@ -257,3 +257,24 @@ def _unit(param, value) -> float:
     if param.log:
         low, high, value = math.log(low), math.log(high), math.log(value)
     return (value - low) / (high - low)
+
+
+BACKEND_NAMES = {"ray": "Ray Tune"}  # backend= value -> its name in the closing log line
+
+
+def summary(study, tune_dir: Path, storage: str, fixed: dict, backend: str = "") -> dict:
+    """What tune() returns, for an Optuna study or Ray's trials in its shape, with the closing log line (`backend`: the
+    name shown in that line and added to the result, e.g. "ray"; empty for Optuna)."""
+    best = best_trial(study)
+    counts = {s: sum(state(t) == s for t in study.get_trials(deepcopy=False)) for s in DONE_STATES}
+    result = {"save_dir": str(tune_dir), "study_name": study.study_name, "storage": storage, **({"backend": backend} if backend else {}),
+              "trials": counts, "best_trial": best.number if best else None, "best_fitness": best.value if best else None,
+              "best_hyperparameters": {**fixed, **best.params} if best else None}
+    if best is None:
+        LOGGER.warning(f"tune: no trial completed ({counts['PRUNED']} pruned, {counts['FAIL']} failed); see {tune_dir / CSV_NAME}")
+    else:
+        shown = f" ({BACKEND_NAMES[backend]})" if backend else ""
+        LOGGER.info(f"tune done{shown}: best trial {best.number} fitness {best.value:.4g} "
+                    f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed); "
+                    f"train with: yolo-cb train cfg={tune_dir / BEST_NAME} data=...")
+    return result

@@ -364,17 +364,7 @@ class Tuner:
             report.write_plots(study, self.tune_dir, self.params)
 
     def _summary(self, study) -> dict:
-        best = report.best_trial(study)
-        counts = {s: sum(report.state(t) == s for t in study.get_trials(deepcopy=False)) for s in report.DONE_STATES}
-        summary = {"save_dir": str(self.tune_dir), "study_name": self.study_name, "storage": public_storage(self.storage_url),
-                   "trials": counts, "best_trial": best.number if best else None, "best_fitness": best.value if best else None,
-                   "best_hyperparameters": {**self.fixed, **best.params} if best else None}
-        if best is None:
-            LOGGER.warning(f"tune: no trial completed ({counts['PRUNED']} pruned, {counts['FAIL']} failed); see {self.tune_dir / report.CSV_NAME}")
-        else:
-            LOGGER.info(f"tune done: best trial {best.number} fitness {best.value:.4g} ({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, "
-                        f"{counts['FAIL']} failed); train with: yolo-cb train cfg={self.tune_dir / report.BEST_NAME} data=...")
-        return summary
+        return report.summary(study, self.tune_dir, public_storage(self.storage_url), self.fixed)
 
 
 def run_dir_root() -> Path:
