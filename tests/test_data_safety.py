@@ -89,6 +89,21 @@ def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 QUICK = ["imgsz=64", "batch=2", "epochs=1", "workers=0", "plots=false", "mlflow=false", "tensorboard=false", "onnx_check=false"]
 
 
+def refusal(yaml_file: Path, store: Path, tmp_path: Path, via_cli: bool) -> str:
+    """The one-line error of a training on `yaml_file` that must be refused: through the CLI (exit 2, one stderr line
+    besides the download progress bar, no traceback), or through the same code in this process (a one-line UserError)."""
+    if via_cli:
+        proc = cli(["train", f"data={yaml_file}", f"datasets_dir={store}", f"project={tmp_path / 'runs'}", *QUICK], tmp_path)
+        lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("downloading ")]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+        assert lines[0].startswith("yolo-cb: error: ") and proc.stderr.rstrip().endswith(lines[0]), proc.stderr
+        return lines[0]
+    with pytest.raises(UserError) as caught:
+        YOLO("yolox-nano.yaml").train(data=str(yaml_file), datasets_dir=str(store), project=str(tmp_path / "runs"), imgsz=64, workers=0)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
 # --- 1. downloads only under datasets_dir -----------------------------------------------------------
 @pytest.mark.parametrize("where", ["absolute", "dotdot", "no_path"])
 def test_download_never_writes_outside_datasets_dir(where, tmp_path, server):
@@ -113,17 +128,7 @@ def test_download_never_writes_outside_datasets_dir(where, tmp_path, server):
     yaml_file.parent.mkdir(parents=True, exist_ok=True)
     yaml_file.write_text(yaml.safe_dump(cfg))
     before = snapshot(outside)
-    if where == "absolute":  # through the CLI once (one line, exit 2); the other roots through the same code, in this process
-        proc = cli(["train", f"data={yaml_file}", f"datasets_dir={store}", f"project={tmp_path / 'runs'}", *QUICK], tmp_path)
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert len(lines) == 1 and lines[0].startswith("yolo-cb: error: "), proc.stderr
-        error = lines[0]
-    else:
-        with pytest.raises(UserError) as caught:
-            YOLO("yolox-nano.yaml").train(data=str(yaml_file), datasets_dir=str(store), project=str(tmp_path / "runs"), imgsz=64, workers=0)
-        error = str(caught.value)
-        assert "\n" not in error
+    error = refusal(yaml_file, store, tmp_path, via_cli=where == "absolute")  # the CLI once; the other roots in this process
     assert snapshot(outside) == before
     assert requests == []  # refused before fetching anything
     assert str(outside / "ds") in error and str(store) in error and "datasets_dir" in error, error
@@ -171,17 +176,7 @@ def test_archive_members_cannot_escape(tmp_path, server):
         yaml_file.write_text(yaml.safe_dump({"path": "ds", "train": "images/train", "val": "images/val", "names": ["a"],
                                              "download": f"{url}/evil{i}.zip"}))
         before = snapshot(outside)
-        if i == 0:  # through the CLI once (one line, exit 2); the other members through the same code, in this process
-            proc = cli(["train", f"data={yaml_file}", f"datasets_dir={store}", f"project={tmp_path / 'runs'}", *QUICK], tmp_path)
-            lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("downloading ")]  # progress bar
-            assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
-            assert lines[0].startswith("yolo-cb: error: ") and proc.stderr.rstrip().endswith(lines[0]), proc.stderr
-            error = lines[0]
-        else:
-            with pytest.raises(UserError) as caught:
-                YOLO("yolox-nano.yaml").train(data=str(yaml_file), datasets_dir=str(store), project=str(tmp_path / "runs"), imgsz=64, workers=0)
-            error = str(caught.value)
-            assert "\n" not in error
+        error = refusal(yaml_file, store, tmp_path, via_cli=i == 0)  # the CLI once; the other members in this process
         assert snapshot(outside) == before
         assert "unsafe" in error and evil in error and f"evil{i}.zip" in error, error
         assert not (store / "ds").exists()  # refused before extracting anything
