@@ -259,16 +259,20 @@ class Exporter:
             return staged
         source = (staged if fmt == "openvino" else staged.parent) / f".{staged.name}.fp32.onnx"
         source.write_bytes(data)
+        quantized = source.with_name(source.name.replace(".fp32.", ".int8."))
         try:
             if fmt == "onnx":
                 int8_onnx(source, staged, calib)
                 set_onnx_metadata(staged, self.metadata)
                 return staged
-            save_openvino(openvino_model(source, calib), staged, self.file.name.removesuffix("_openvino_model"), bool(self.args.half),
-                          self.metadata)
+            if calib is not None:  # openvino int8: the same QDQ graph as onnx int8, converted
+                int8_onnx(source, quantized, calib)
+            save_openvino(openvino_model(quantized if calib is not None else source), staged,
+                          self.file.name.removesuffix("_openvino_model"), bool(self.args.half), self.metadata)
             return staged
         finally:
             source.unlink(missing_ok=True)
+            quantized.unlink(missing_ok=True)
 
     def _serialise(self, fmt: str, staged: Path, module: nn.Module, imgsz: tuple[int, int], batch: int, calib: list | None, source: Any) -> Path:
         try:
