@@ -66,7 +66,7 @@ SWITCHES = {"ultralytics": dict(device="cpu", pretrained=False, amp=False, plots
 # Resolved settings shown side by side (read from the trainer's args at on_train_start).
 SHOWN = ("epochs", "imgsz", "batch", "nbs", "optimizer", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "cos_lr",
          "mosaic", "mixup", "close_mosaic", "no_aug_epochs", "scale", "translate", "fliplr", "hsv_s", "hsv_v", "box",
-         "channels_last", "deterministic")
+         "channels_last", "amp", "deterministic")
 
 
 def recipe_settings(lib: str, recipe: str, epochs: int, imgsz: int) -> dict:

@@ -19,6 +19,25 @@ from yolo_cb.utils.log import LOGGER
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX): there, bf16 autocast roughly halves a train
+    step (BENCHMARKS.md); elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def amp_plan(amp: bool, device: torch.device) -> tuple[bool, torch.dtype]:
+    """(autocast on, its dtype) for amp= on this device: CUDA bf16 where supported, else fp16 (with a GradScaler); a CPU
+    with native bf16: bf16; any other CPU: off (fp32)."""
+    if amp and device.type == "cuda":
+        return True, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if amp and device.type == "cpu" and cpu_has_native_bf16():
+        return True, torch.bfloat16
+    return False, torch.float16
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss was NaN/inf for too many batches in a row."""
 
@@ -55,10 +74,10 @@ class BatchStep:
         optimizer = build_optimizer(model, name, lr, momentum, weight_decay, frozen, ramp_iters)
         self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
         self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
-        use_amp = bool(args.amp) and device.type == "cuda"
-        self.amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-        self.use_amp = use_amp
-        self.scaler = torch.amp.GradScaler("cuda", enabled=use_amp and self.amp_dtype == torch.float16)
+        self.use_amp, self.amp_dtype = amp_plan(bool(args.amp), device)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
+        if self.use_amp and device.type == "cpu":
+            LOGGER.info("amp: the forward runs under bf16 autocast on this CPU (native bf16); amp=False trains in fp32")
         self.last_opt_step = -1
         return optimizer
 
