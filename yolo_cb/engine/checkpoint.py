@@ -271,14 +271,19 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def strip_optimizer(path: Path, finished: bool = False) -> None:
-    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32. `finished` marks the run as ended."""
+def strip_optimizer(path: Path, finished: bool = False, copies: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32. `finished` marks the run as ended.
+    `copies`: files holding the same bytes as `path` (best.pt when the last epoch was the best), written from the same
+    serialization. Returns the stripped checkpoint."""
     ckpt = load_checkpoint(path)
     ckpt["optimizer"] = None
     ckpt["scaler"] = None
     if finished:
         ckpt["finished"] = True
-    save_checkpoint(ckpt, path)
+    data = serialize_checkpoint(ckpt)
+    for file in (path, *copies):
+        save_checkpoint(data, file)
+    return ckpt
 
 
 def checkpoint_epoch(path: str | Path) -> int | None:

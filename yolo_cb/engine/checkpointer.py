@@ -105,14 +105,17 @@ class Checkpointer:
     def validate_best(trainer) -> None:
         """Strip the optimizer from finished checkpoints; validate best.pt (firing on_val_*) into trainer.metrics."""
         best, last = trainer.wdir / "best.pt", trainer.wdir / "last.pt"
-        cause = trainer.stop_cause
+        cause, stripped_best = trainer.stop_cause, None
         if trainer.completed_epoch + 1 >= trainer.epochs or (cause is not None and cause.finishes_run):
-            for path in (last, best):
-                if path.is_file():
-                    strip_optimizer(path, finished=True)
+            same = last.is_file() and best.is_file() and last.read_bytes() == best.read_bytes()  # the last epoch was the best
+            if last.is_file():
+                stripped_last = strip_optimizer(last, finished=True, copies=(best,) if same else ())
+                stripped_best = stripped_last if same else None
+            if best.is_file() and not same:
+                stripped_best = strip_optimizer(best, finished=True)
         if best.is_file() and trainer.args.val:
             LOGGER.info(f"validating {best}")
             trainer.validator.plot = True
-            model = model_from_checkpoint(best).to(trainer.device)
+            model = model_from_checkpoint(stripped_best or best).to(trainer.device)
             trainer.metrics, trainer.metrics_epoch = dict(trainer.validator(model=model)), trainer.best_epoch  # best.pt's epoch
             trainer.validator.plot = False
