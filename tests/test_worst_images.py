@@ -39,7 +39,7 @@ def run(tmp_path_factory, shapes_small_yaml):
         """Every training batch's loss computed here again, by a copy of the model in the same state (train mode, so
         the same batch statistics), and its images: apart from the callback's own value and ranking."""
         images, targets = trainer.batch["img"].clone(), trainer.batch["targets"].clone()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(trainer.device.type, dtype=trainer.amp_dtype, enabled=trainer.use_amp):  # as the step
             loss = float(copy.deepcopy(unwrap(trainer.model))(images.float() / 255, targets)["total"])
         seen["batches"][(trainer.epoch, trainer.batch_i)] = (loss, images)
         seen.setdefault("trainer_loss", {})[(trainer.epoch, trainer.batch_i)] = trainer.loss.item()
