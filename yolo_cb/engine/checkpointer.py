@@ -102,17 +102,22 @@ class Checkpointer:
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
 
     @staticmethod
+    def strip_finished(last: Path, best: Path) -> dict | None:
+        """Strip the optimizer from last.pt and best.pt (those that exist), marked finished; best.pt's stripped checkpoint.
+        When they hold the same bytes (the last epoch was the best) one load and one serialization write both."""
+        same = last.is_file() and best.is_file() and last.read_bytes() == best.read_bytes()
+        stripped_last = strip_optimizer(last, finished=True, copies=(best,) if same else ()) if last.is_file() else None
+        if same:
+            return stripped_last
+        return strip_optimizer(best, finished=True) if best.is_file() else None
+
+    @staticmethod
     def validate_best(trainer) -> None:
         """Strip the optimizer from finished checkpoints; validate best.pt (firing on_val_*) into trainer.metrics."""
         best, last = trainer.wdir / "best.pt", trainer.wdir / "last.pt"
         cause, stripped_best = trainer.stop_cause, None
         if trainer.completed_epoch + 1 >= trainer.epochs or (cause is not None and cause.finishes_run):
-            same = last.is_file() and best.is_file() and last.read_bytes() == best.read_bytes()  # the last epoch was the best
-            if last.is_file():
-                stripped_last = strip_optimizer(last, finished=True, copies=(best,) if same else ())
-                stripped_best = stripped_last if same else None
-            if best.is_file() and not same:
-                stripped_best = strip_optimizer(best, finished=True)
+            stripped_best = Checkpointer.strip_finished(last, best)
         if best.is_file() and trainer.args.val:
             LOGGER.info(f"validating {best}")
             trainer.validator.plot = True

@@ -265,10 +265,12 @@ class Exporter:
                 int8_onnx(source, staged, calib)
                 set_onnx_metadata(staged, self.metadata)
                 return staged
+            ir_source = source
             if calib is not None:  # openvino int8: the same QDQ graph as onnx int8, converted
                 int8_onnx(source, quantized, calib)
-            save_openvino(openvino_model(quantized if calib is not None else source), staged,
-                          self.file.name.removesuffix("_openvino_model"), bool(self.args.half), self.metadata)
+                ir_source = quantized
+            save_openvino(openvino_model(ir_source), staged, self.file.name.removesuffix("_openvino_model"), bool(self.args.half),
+                          self.metadata)
             return staged
         finally:
             source.unlink(missing_ok=True)
