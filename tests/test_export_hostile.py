@@ -221,12 +221,23 @@ for _ in range(3):
 
 def test_kill_during_the_training_onnx_check_leaves_nothing_in_the_system_temp(library_leftovers, tmp_path):
     """The training callback onnx_check exported to a folder in the system temp (removed only if the process lived on):
-    now it checks in memory. The child is SIGKILLed the moment anything new appears in its TMPDIR."""
+    now it checks in memory. The child is SIGKILLed the moment anything new in its TMPDIR is still there 50 ms later (an
+    export folder lives for the whole export; Python's tempfile.gettempdir() writes and deletes a probe file in TMPDIR
+    within microseconds, which a poll on a busy machine can catch)."""
     systmp = tmp_path / "systmp"
     systmp.mkdir()
     child = subprocess.Popen([sys.executable, "-c", ROUNDTRIP_CHILD], env=child_env(systmp), stderr=subprocess.PIPE, text=True)
+
+    def new_entries() -> set[str]:
+        return set(os.listdir(systmp)) - library_leftovers
+
     try:
-        while child.poll() is None and not set(os.listdir(systmp)) - library_leftovers:
+        while child.poll() is None:
+            seen = new_entries()
+            if seen:
+                threading.Event().wait(0.05)
+                if seen & new_entries():
+                    break
             threading.Event().wait(0.005)
         child.kill()
         _, stderr = child.communicate(timeout=60)

@@ -13,6 +13,7 @@ YAML scalar, unchecked) | metric | callbacks | classes | freeze | save_epochs | 
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -117,6 +118,12 @@ RULES: dict[str, Setting] = {
 
 
 def load_defaults() -> dict[str, Any]:
+    """cfg/default.yaml as a dict, a fresh copy for each caller (the file is parsed once per process)."""
+    return copy.deepcopy(_parsed_defaults())
+
+
+@lru_cache(maxsize=1)
+def _parsed_defaults() -> dict[str, Any]:
     return yaml.safe_load(DEFAULT_CFG.read_text())
 
 
