@@ -52,7 +52,7 @@ def test_params_and_gflops_match_yolox(name):
     assert info["layers"] > 100
 
 
-def test_meta_gflops_equal_a_real_count(nano):
+def test_gflops_equal_what_torch_flop_counter_counts(nano):
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -186,6 +186,22 @@ def test_postprocess_scores_nms_and_filters():
     assert postprocess(preds, conf=0.25, max_det=1)[0].shape == (1, 6)
     assert postprocess(preds.numpy(), conf=0.25)[0].shape == (2, 6)
 
+
+
+def test_multi_label_postprocess_keeps_a_box_under_every_class_above_conf():
+    # one box unsure between classes 0 and 1 (0.6 / 0.4 of objectness 1), one sure box of class 2 elsewhere
+    preds = torch.zeros(1, 2, 4 + 1 + 3)
+    preds[0, 0] = torch.tensor([50, 50, 20, 20, 1.0, 0.6, 0.4, 0.0])
+    preds[0, 1] = torch.tensor([10, 10, 8, 8, 1.0, 0.0, 0.0, 0.9])
+    single = postprocess(preds, conf=0.25, iou=0.45)[0]
+    multi = postprocess(preds, conf=0.25, iou=0.45, multi_label=True)[0]
+    assert single[:, 5].tolist() == [2.0, 0.0]
+    assert multi[:, 5].tolist() == [2.0, 0.0, 1.0]  # sorted by score: 0.9, 0.6, 0.4
+    assert torch.allclose(multi[:, 4], torch.tensor([0.9, 0.6, 0.4]))
+    assert torch.equal(multi[1, :4], multi[2, :4])  # the same box under both classes
+    assert postprocess(preds, conf=0.5, iou=0.45, multi_label=True)[0][:, 5].tolist() == [2.0, 0.0]  # 0.4 is under conf
+    assert postprocess(preds, conf=0.25, iou=0.45, multi_label=True, agnostic=True)[0].shape == (2, 6)
+    assert postprocess(preds, conf=0.25, iou=0.45, multi_label=True, classes=[1])[0][:, 5].tolist() == [1.0]
 
 def test_scale_boxes_undoes_letterbox():
     # original 200 x 100 (h x w) letterboxed to 320: ratio 1.6, image 160 wide, pad 80 left, 0 top

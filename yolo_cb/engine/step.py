@@ -19,6 +19,13 @@ from yolo_cb.utils.log import LOGGER
 MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
 
 
+def clip_norm(grad_clip: float, nbs: int) -> float:
+    """The largest gradient norm let through, in the units of the gradient the step holds: grad_clip= is a norm of the
+    gradient of the loss summed over the nominal batch's images (Ultralytics' units, which clip at 10); the step holds
+    that of the mean over those images (the backward scales each batch by batch/nbs), 1/nbs of it."""
+    return float(grad_clip) / max(int(nbs), 1)
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX): there, bf16 autocast roughly halves a train
     step (BENCHMARKS.md); elsewhere bf16 is emulated and slower than fp32."""
@@ -148,7 +155,7 @@ class BatchStep:
         trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
         start = perf_counter()
         if trainer.args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.args.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=clip_norm(trainer.args.grad_clip, trainer.args.nbs))
         self.scaler.step(optimizer)
         self.scaler.update()
         progress = trainer.state.progress

@@ -34,6 +34,7 @@ from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR curve reaches high recall)
+VAL_MULTI_LABEL = True  # a box is a candidate under every class it scores above conf (Ultralytics' and YOLOv5's val)
 SCORE_DECIMALS = 5  # scores are rounded like in predictions.json, so COCOeval on the json sees the same ranking
 
 
@@ -273,7 +274,7 @@ class Validator:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
         return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
-                           end2end=getattr(self, "end2end", None))
+                           end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL)
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""

@@ -19,6 +19,7 @@ def postprocess(
     agnostic: bool = False,
     classes: Sequence[int] | None = None,
     end2end: dict | None = None,
+    multi_label: bool = False,
 ) -> list[torch.Tensor]:
     """Per image, a (n, 6) tensor of [x1, y1, x2, y2, score, cls] sorted by score.
 
@@ -26,6 +27,9 @@ def postprocess(
     anything torch.as_tensor accepts (e.g. an ONNX Runtime numpy array); a single (A, 5 + nc) image is accepted too.
     score = objectness * best class probability; boxes below `conf` are dropped, then NMS at `iou`, per class
     unless `agnostic`; `classes` keeps only those class ids.
+    multi_label: a box is a candidate once for every class it scores above `conf` (objectness * that class's
+    probability), not only for its best class; validation uses it, as Ultralytics' and YOLOv5's do (a box whose class
+    is uncertain is counted under each class it might be, at that class's score).
     end2end: the {"iou", "max_det"} of a model exported with NMS in its graph (preds (B, max_det, 6)): see end2end_detections.
     """
     from torchvision.ops import batched_nms  # its C++ kernel; imported here, not with the module (nn/boxes.py says why)
@@ -37,13 +41,10 @@ def postprocess(
         return end2end_detections(preds, end2end, conf, iou, max_det, agnostic, classes)
     results = []
     for p in preds:
-        p = p.float()
-        class_prob, class_id = p[:, 5:].max(dim=1)
-        score = p[:, 4] * class_prob
-        keep = score > conf
+        boxes, score, class_id = _candidates(p.float(), conf, multi_label)
         if classes is not None:
-            keep &= torch.isin(class_id, torch.as_tensor(list(classes), device=p.device))
-        boxes, score, class_id = cxcywh_to_xyxy(p[keep, :4]), score[keep], class_id[keep]
+            keep = torch.isin(class_id, torch.as_tensor(list(classes), device=p.device))
+            boxes, score, class_id = boxes[keep], score[keep], class_id[keep]
         if score.numel() > MAX_NMS_INPUT:
             top = score.topk(MAX_NMS_INPUT).indices
             boxes, score, class_id = boxes[top], score[top], class_id[top]
@@ -51,6 +52,19 @@ def postprocess(
         kept = batched_nms(boxes, score, groups, iou)[:max_det]  # sorted by decreasing score
         results.append(torch.cat((boxes[kept], score[kept, None], class_id[kept, None].float()), dim=1))
     return results
+
+
+def _candidates(p: torch.Tensor, conf: float, multi_label: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A, 5 + nc) decoded rows -> the (box xyxy, score, class id) candidates scored above `conf`: one per anchor (its
+    best class), or with `multi_label` one per anchor and class."""
+    if multi_label:
+        scores = p[:, 4:5] * p[:, 5:]
+        anchor, class_id = (scores > conf).nonzero(as_tuple=True)
+        return cxcywh_to_xyxy(p[anchor, :4]), scores[anchor, class_id], class_id
+    class_prob, class_id = p[:, 5:].max(dim=1)
+    score = p[:, 4] * class_prob
+    keep = score > conf
+    return cxcywh_to_xyxy(p[keep, :4]), score[keep], class_id[keep]
 
 
 def scale_boxes(boxes_xyxy: torch.Tensor, ratio_pad, orig_shape: Sequence[int]) -> torch.Tensor:
