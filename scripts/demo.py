@@ -16,10 +16,10 @@ from yolo_cb.utils.files import default_project
 
 PROJECT = Path("runs/demo")
 IMGSZ = 256  # train/val/export size: 12 epochs take about 5 minutes on 2 quiet cores
-# The CPU recipe of BENCHMARKS.md (one optimizer step per batch, channels_last, serial loading on 2 cores);
+# The CPU recipe of BENCHMARKS.md (one optimizer step per batch, serial loading on 2 cores);
 # the last 3 epochs train without mosaic (close_mosaic).
 SETTINGS = dict(data="shapes.yaml", imgsz=IMGSZ, epochs=12, close_mosaic=3, batch=16, nbs=16, optimizer="AdamW", lr0=0.002,
-                warmup_epochs=1.0, workers=0, channels_last=True, project=str(PROJECT / "train"), name="shapes", exist_ok=True, plots=True)
+                warmup_epochs=1.0, workers=0, project=str(PROJECT / "train"), name="shapes", exist_ok=True, plots=True)
 
 
 def main() -> int:

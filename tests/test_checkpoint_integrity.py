@@ -24,7 +24,8 @@ def flip_inside_largest_tensor(source: Path, target: Path, size: int = 4096) -> 
     """Copy `source` to `target` with `size` bytes inverted in the middle of its largest weight tensor's record."""
     ckpt = torch.load(source, weights_only=True)
     tensor = max(ckpt["ema"].values(), key=lambda t: t.numel() * t.element_size())
-    raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    # the bytes as the file stores them: the tensor's storage in its own memory format (channels_last when trained so)
+    raw = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy().tobytes()
     assert len(raw) > 2 * size
     blob = bytearray(source.read_bytes())
     start = blob.find(raw[:256])
