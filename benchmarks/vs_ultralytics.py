@@ -20,7 +20,7 @@ What runs, per recipe (the method of ../shared/tools/time_to_accuracy.py: the sa
 - `equal`: imgsz, batch 16, nbs 16, AdamW lr0 0.002, warmup_epochs 1, workers 0, seed 0, cos_lr off, the last 3 epochs
   without mosaic (Ultralytics close_mosaic=3, ours no_aug_epochs=3), same epochs.
 Both sides also get switches that are not part of a recipe: device cpu, no plots; Ultralytics pretrained=False
-amp=False; ours mlflow/tensorboard/onnx_check off. --ours-set / --ultralytics-set add more (e.g. channels_last=True);
+amp=False; ours mlflow/tensorboard/onnx_check off. --ours-set / --ultralytics-set add more (e.g. amp=False channels_last=False);
 the settings table prints what each side resolved (optimizer, learning rate, accumulation, mosaic epochs).
 
 Per epoch: mAP50-95 (`metrics/mAP50-95(B)` on both) and the wall seconds since on_train_start at on_fit_epoch_end
