@@ -187,7 +187,6 @@ def test_postprocess_scores_nms_and_filters():
     assert postprocess(preds.numpy(), conf=0.25)[0].shape == (2, 6)
 
 
-
 def test_multi_label_postprocess_keeps_a_box_under_every_class_above_conf():
     # one box unsure between classes 0 and 1 (0.6 / 0.4 of objectness 1), one sure box of class 2 elsewhere
     preds = torch.zeros(1, 2, 4 + 1 + 3)
@@ -202,6 +201,7 @@ def test_multi_label_postprocess_keeps_a_box_under_every_class_above_conf():
     assert postprocess(preds, conf=0.5, iou=0.45, multi_label=True)[0][:, 5].tolist() == [2.0, 0.0]  # 0.4 is under conf
     assert postprocess(preds, conf=0.25, iou=0.45, multi_label=True, agnostic=True)[0].shape == (2, 6)
     assert postprocess(preds, conf=0.25, iou=0.45, multi_label=True, classes=[1])[0][:, 5].tolist() == [1.0]
+
 
 def test_scale_boxes_undoes_letterbox():
     # original 200 x 100 (h x w) letterboxed to 320: ratio 1.6, image 160 wide, pad 80 left, 0 top
