@@ -138,3 +138,15 @@ class FaultProbe:
 
     def on_train_end(self, trainer):
         self._log(f"end {trainer.rank}")
+
+
+def _order(label):
+    def callback(trainer):
+        with open(_log_path(), "a") as f:
+            f.write(json.dumps({"label": label}) + "\n")
+
+    callback.__name__ = f"order_{label}"
+    return callback
+
+
+order_a, order_b, order_c = _order("a"), _order("b"), _order("c")  # the CLI order test: fired in the order written

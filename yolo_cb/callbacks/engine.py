@@ -168,9 +168,20 @@ class Callbacks:
             self._set(event, by_event.get(event, []))
 
     def extend(self, other: Callbacks) -> None:
-        """Add every entry of `other` (its name, place, origin and policy), in its registration order, after ours."""
+        """Add every entry of `other` (its name, place, origin and policy), in its registration order, after ours. A name
+        ours already has is given a `#n` suffix, and `other`'s own after= / before= follow the rename (a user callback
+        named `checkpoint`, placed by a list insert, stays placed among the user's, not beside the built-in)."""
+        renamed: dict[str, str] = {}
+        added: list[tuple[str, Entry, Entry]] = []  # (event, our new entry, the entry of `other` it copies)
         for event, e in sorted(((ev, e) for ev, es in other._entries.items() for e in es), key=lambda item: item[1].seq):
-            self.add_callback(event, e.fn, on_error=e.on_error, name=e.name, after=e.after, before=e.before, origin=e.origin, owner=e.owner)
+            new = self.add_callback(event, e.fn, on_error=e.on_error, name=e.name, origin=e.origin, owner=e.owner)
+            renamed[e.name] = new.name
+            added.append((event, new, e))
+        for _, new, source in added:
+            new.after = tuple(renamed.get(n, n) for n in source.after)
+            new.before = tuple(renamed.get(n, n) for n in source.before)
+        for event in {event for event, _, _ in added}:
+            self._set(event, self._entries[event])
 
     def copy(self) -> Callbacks:
         new = Callbacks()

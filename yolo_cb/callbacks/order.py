@@ -2,8 +2,10 @@
 
 Each callback has a name (default: its function's or class's name). `after=` / `before=` name the callbacks it must
 follow / precede in every event both have; "*" means all the others. Otherwise registration order is kept (defaults
-are registered first, then integrations, then the user's, so that is the order they run in unless declared). A cycle
-is an error naming the callbacks in it; a name no callback has is an error when the set is complete (`check_names`).
+are registered first, then integrations, then the user's, so that is the order they run in unless declared). A "*"
+only moves the callback that declares it (to the end or the start); it never reorders the others among themselves, so
+the user's own callbacks run in the order their list shows. A cycle is an error naming the callbacks in it; a name no
+callback has is an error when the set is complete (`check_names`).
 """
 
 from __future__ import annotations
@@ -87,21 +89,24 @@ def resolve(event: str, entries: list[Entry]) -> list[Entry]:
     for e in entries:
         by_name.setdefault(e.name, []).append(e)
     follows: dict[int, set[int]] = {id(e): set() for e in entries}  # id(e) -> ids of the entries e must come after
+    named: dict[int, set[int]] = {id(e): set() for e in entries}  # the same, by name only (no "*"): what places an entry
 
-    def edge(first: Entry, then: Entry) -> None:
+    def edge(first: Entry, then: Entry, by_name: bool) -> None:
         if first is not then:
             follows[id(then)].add(id(first))
+            if by_name:
+                named[id(then)].add(id(first))
 
     for e in entries:
         for name in e.after:
             for other in (entries if name == EVERY else by_name.get(name, ())):
                 if name != EVERY or not _star_exempt(other, e):
-                    edge(other, e)
+                    edge(other, e, name != EVERY)
         for name in e.before:
             for other in (entries if name == EVERY else by_name.get(name, ())):
                 if name != EVERY or not _star_exempt(e, other):
-                    edge(e, other)
-    return _topological(event, entries, follows)
+                    edge(e, other, name != EVERY)
+    return _topological(event, entries, follows, named)
 
 
 def _star_exempt(first: Entry, then: Entry) -> bool:
@@ -112,7 +117,9 @@ def _star_exempt(first: Entry, then: Entry) -> bool:
 
 def _priorities(entries: list[Entry], follows: dict[int, set[int]]) -> dict[int, int]:
     """Each entry's place among the free ones: its own registration number, or that of the earliest callback it must
-    precede (directly or not), so `before="x"` lands right before x rather than wherever its own number puts it."""
+    precede by name (directly or not), so `before="x"` lands right before x rather than wherever its own number puts
+    it. `follows` holds the named declarations only: every callback precedes one declared after="*", and letting that
+    lower their places would order them by nothing but their numbers' ties (it once fired the user's D A B C as B C D A)."""
     precedes: dict[int, list[int]] = {id(e): [] for e in entries}
     for then, firsts in follows.items():
         for first in firsts:
@@ -129,9 +136,9 @@ def _priorities(entries: list[Entry], follows: dict[int, set[int]]) -> dict[int,
     return {id(e): key(id(e), frozenset()) for e in entries}
 
 
-def _topological(event: str, entries: list[Entry], follows: dict[int, set[int]]) -> list[Entry]:
+def _topological(event: str, entries: list[Entry], follows: dict[int, set[int]], named: dict[int, set[int]]) -> list[Entry]:
     by_id = {id(e): e for e in entries}
-    rank = _priorities(entries, follows)
+    rank = _priorities(entries, named)
     waiting = {key: set(deps) for key, deps in follows.items()}
     ready = [(rank[id(e)], e.seq, id(e)) for e in entries if not waiting[id(e)]]
     heapq.heapify(ready)
