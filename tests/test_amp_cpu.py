@@ -30,3 +30,11 @@ def test_amp_on_the_cpu_trains_in_bf16_only_where_native(amp, tmp_path, shapes_s
     assert amp_plan(amp, torch.device("cpu")) == ((True, torch.bfloat16) if amp and native else (False, torch.float16))
     expected = torch.bfloat16 if amp and native else torch.float32
     assert conv_dtypes_in_training(str(shapes_small_yaml), str(tmp_path / "runs"), amp) == {expected}
+
+
+@pytest.mark.parametrize("value, native", [("0", False), ("1", True)])
+def test_the_bf16_detection_can_be_overridden(value, native, monkeypatch):
+    """$YOLO_CB_CPU_BF16 decides as a CPU without / with native bf16 would (`make test-isa` runs the sensitive tests so)."""
+    monkeypatch.setenv("YOLO_CB_CPU_BF16", value)
+    assert cpu_has_native_bf16() is native
+    assert amp_plan(True, torch.device("cpu")) == ((True, torch.bfloat16) if native else (False, torch.float16))

@@ -43,6 +43,9 @@ class NMSWrapper(nn.Module):
 
     def __init__(self, graph: nn.Module, iou: float, max_det: int):
         super().__init__()
+        # torchvision's C++ ops load on first import and call torchvision::_cuda_version then; inside the ONNX trace
+        # that call is recorded and fails ("unsupported output type: int"), so they are loaded here, before any trace
+        import torchvision.ops  # noqa: F401
         self.graph, self.iou, self.max_det = graph, float(iou), int(max_det)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -65,15 +65,38 @@ def val_map(model: Any, data: Any, imgsz: Any, batch: int, datasets_dir: Any = N
     return dict(validator(model=model)), validator
 
 
+def drop_noise(reference: Validator, exported: Validator, resamples: int = 200, seed: int = 0) -> float:
+    """The sampling noise of the mAP50-95 drop between two validations of the same images: the standard deviation of
+    the paired drop over `resamples` bootstrap draws of the images (with replacement). On 16 images an export that
+    changes a few scores moves the drop by this much either way, whatever its precision costs."""
+    from yolo_cb.metrics import DetMetrics
+
+    ref, exp = reference.det_metrics.records, exported.det_metrics.records
+    if len(ref) != len(exp) or len(ref) < 2:
+        return 0.0
+    rng = np.random.default_rng(seed)
+
+    def score(records: list[dict], draw: np.ndarray, nc: int) -> float:
+        metrics = DetMetrics(nc)
+        metrics.records = [{**records[i], "key": k} for k, i in enumerate(draw)]
+        return float(metrics.compute().map)
+
+    nc = reference.det_metrics.nc
+    drops = [score(ref, draw, nc) - score(exp, draw, nc) for draw in (rng.integers(0, len(ref), len(ref)) for _ in range(resamples))]
+    return float(np.std(drops, ddof=1))
+
+
 def side_by_side(reference: nn.Module | str | Path, exported: str | Path, data: Any, imgsz: Any, batch: int = 1,
                  datasets_dir: Any = None) -> dict[str, float]:
-    """mAP50-95 of PyTorch and of the export on the val split of `data`, and the drop (PyTorch minus export)."""
+    """mAP50-95 of PyTorch and of the export on the val split of `data`, the drop (PyTorch minus export) and its
+    sampling noise over the images (`drop_se`, see drop_noise)."""
     folder = Path(exported).parent
     ours, validator = val_map(str(exported), data, imgsz, batch, datasets_dir, folder)
-    theirs, _ = val_map(reference, data, imgsz, batch, datasets_dir, folder, like=validator)  # the same letterboxed images
+    theirs, ref_validator = val_map(reference, data, imgsz, batch, datasets_dir, folder, like=validator)  # the same letterboxed images
     result = {"pytorch": float(theirs[MAP_KEY]), "export": float(ours[MAP_KEY]),
               "mAP50_pytorch": float(theirs["metrics/mAP50(B)"]), "mAP50_export": float(ours["metrics/mAP50(B)"])}
     result["drop"] = result["pytorch"] - result["export"]
+    result["drop_se"] = drop_noise(ref_validator, validator)
     LOGGER.info(f"mAP50-95 on the val split of {data}: PyTorch {result['pytorch']:.4f}, {Path(exported).name} "
                 f"{result['export']:.4f} (drop {result['drop']:+.4f})")
     return result

@@ -7,6 +7,7 @@ batch's values callbacks read (`trainer.batch`, `trainer.loss`, ...: properties 
 from __future__ import annotations
 
 import math
+import os
 from time import perf_counter
 
 import numpy as np
@@ -26,9 +27,16 @@ def clip_norm(grad_clip: float, nbs: int) -> float:
     return float(grad_clip) / max(int(nbs), 1)
 
 
+CPU_BF16_ENV = "YOLO_CB_CPU_BF16"  # "0" / "1": overrides the detection below (run as a CPU without / with native bf16)
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX): there, bf16 autocast roughly halves a train
-    step (BENCHMARKS.md); elsewhere bf16 is emulated and slower than fp32."""
+    step (BENCHMARKS.md); elsewhere bf16 is emulated and slower than fp32. $YOLO_CB_CPU_BF16=0 or 1 decides instead
+    (with ONEDNN_MAX_CPU_ISA, how `make test-isa` runs the numerically sensitive tests as another CPU kind would)."""
+    override = os.environ.get(CPU_BF16_ENV, "").strip()
+    if override in ("0", "1"):
+        return override == "1"
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
