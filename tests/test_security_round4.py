@@ -1,0 +1,135 @@
+"""Security issue #45, round 4: planted symbolic links in a run folder are never written through (the lock, args.yaml,
+results.csv, results.png, export_check.csv, atomic writes' temp names); nproc is bounded by the usable CPU cores; imgsz
+by MAX_IMGSZ, on the command line and in a checkpoint's saved settings; class names with terminal escapes are printed
+escaped; a FIFO among labels, images or the label cache is skipped with one warning instead of hanging the check."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_resume_safety import SMALL, cli, kv, write_data
+
+from yolo_cb.config import ConfigError, coerce
+from yolo_cb.utils import files
+from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.run_lock import lock_run_folder
+
+OUTSIDE = b"precious bytes a run must never touch\n"
+ESCAPES = ["\x1b[2J", "\x1b]0;evil\x07", "a\nforged line", "plain"]
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert lines and lines[-1].startswith("yolo-cb: error:") and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[-1]
+
+
+def plant(folder: Path, outside: Path, *names: str) -> dict[str, Path]:
+    """In `folder`, a link for each name to its own file under `outside` (mode 0o600, OUTSIDE's bytes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    outside.mkdir(parents=True, exist_ok=True)
+    targets = {}
+    for name in names:
+        target = outside / f"target{name}"
+        target.write_bytes(OUTSIDE)
+        target.chmod(0o600)
+        (folder / name).symlink_to(target)
+        targets[name] = target
+    return targets
+
+
+def new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+# --- 1. no write through a planted link ------------------------------------------------------------------------------
+def test_a_lock_link_is_refused_and_its_target_untouched(tmp_path):
+    """The lock was opened with O_CREAT and no O_NOFOLLOW, then truncated: a .lock link emptied the file it named."""
+    targets = plant(tmp_path / "run", tmp_path / "outside", ".lock")
+    with pytest.raises(OSError, match=r"\.lock is a symbolic link") as refused:
+        lock_run_folder(tmp_path / "run")
+    assert len(str(refused.value).splitlines()) == 1
+    assert targets[".lock"].read_bytes() == OUTSIDE
+
+
+@pytest.mark.slow
+def test_a_run_into_a_folder_with_a_lock_link_is_refused_in_one_line(tmp_path, shapes_dir):
+    data = write_data(tmp_path / "data", shapes_dir)
+    targets = plant(tmp_path / "runs" / "job", tmp_path / "outside", ".lock")
+    line = one_line_error(cli(tmp_path, *kv({**SMALL, "data": data, "epochs": 1, "project": tmp_path / "runs", "name": "job",
+                                             "exist_ok": True})))
+    assert ".lock is a symbolic link" in line, line
+    assert targets[".lock"].read_bytes() == OUTSIDE
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory, shapes_dir):
+    """A one-epoch run (plots on) into a folder holding links named args.yaml, results.csv and results.png."""
+    root = tmp_path_factory.mktemp("planted")
+    data = write_data(root / "data", shapes_dir)
+    targets = plant(root / "runs" / "job", root / "outside", "args.yaml", "results.csv", "results.png")
+    done = cli(root, *kv({**SMALL, "data": data, "epochs": 1, "project": root / "runs", "name": "job", "exist_ok": True,
+                          "plots": True}))
+    return SimpleNamespace(result=done, folder=root / "runs" / "job", targets=targets, data=data, root=root)
+
+
+@pytest.mark.slow
+def test_a_run_replaces_planted_links_with_its_own_files(planted_run):
+    assert planted_run.result.returncode == 0, planted_run.result.stderr[-3000:]
+    for name, target in planted_run.targets.items():
+        assert target.read_bytes() == OUTSIDE and stat.S_IMODE(target.stat().st_mode) == 0o600, name
+        written = planted_run.folder / name
+        assert not written.is_symlink() and written.is_file() and written.read_bytes() != OUTSIDE, name
+        # the link's target is not followed even to read a mode: the new file gets the mode any new file gets
+        assert stat.S_IMODE(written.stat().st_mode) == new_file_mode(), name
+
+
+def test_atomic_writes_never_open_a_link_at_the_temp_or_the_final_name(tmp_path, monkeypatch):
+    targets = plant(tmp_path / "run", tmp_path / "outside", ".out.txt.dead.tmp", "out.txt")
+    tokens = iter(["dead", "beef"])  # the first temp name is taken by a planted link: O_EXCL refuses it, the next is used
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(tokens))
+    atomic_write_text(tmp_path / "run" / "out.txt", "ours\n")
+    assert all(t.read_bytes() == OUTSIDE for t in targets.values())
+    written = tmp_path / "run" / "out.txt"
+    assert not written.is_symlink() and written.read_text() == "ours\n"
+    assert stat.S_IMODE(written.stat().st_mode) == new_file_mode()
+    assert (tmp_path / "run" / ".out.txt.dead.tmp").is_symlink() and not (tmp_path / "run" / ".out.txt.beef.tmp").exists()
+
+
+def test_an_export_temp_file_swapped_for_a_link_is_not_written_through(tmp_path):
+    from yolo_cb.engine.export_formats import StagedFile
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(OUTSIDE)
+    with StagedFile(tmp_path / "best.onnx") as staged:
+        staged.path.unlink()
+        staged.path.symlink_to(outside)
+        with pytest.raises(OSError):
+            staged.write(b"model bytes")
+    assert outside.read_bytes() == OUTSIDE
+
+
+def test_export_check_csv_replaces_a_link(tmp_path):
+    from yolo_cb.integrations.export_check import ExportCheck
+
+    targets = plant(tmp_path / "run", tmp_path / "outside", "export_check.csv")
+    check = ExportCheck()
+    check.rows = [{"variant": "onnx", "file": "best.onnx", "mAP50-95": 0.5, "pytorch": 0.5, "drop": 0.0, "ok": True, "error": ""}]
+    check._write(tmp_path / "run" / "export_check.csv")
+    assert targets["export_check.csv"].read_bytes() == OUTSIDE
+    assert "onnx" in (tmp_path / "run" / "export_check.csv").read_text()
+    assert not (tmp_path / "run" / "export_check.csv").is_symlink()
