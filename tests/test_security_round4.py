@@ -21,6 +21,7 @@ import torch
 from test_resume_safety import SMALL, cli, kv, write_data
 
 from yolo_cb.config import ConfigError, coerce
+from yolo_cb.settings_schema import MAX_IMGSZ, usable_cpus
 from yolo_cb.utils import files
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.run_lock import lock_run_folder
@@ -133,3 +134,44 @@ def test_export_check_csv_replaces_a_link(tmp_path):
     assert targets["export_check.csv"].read_bytes() == OUTSIDE
     assert "onnx" in (tmp_path / "run" / "export_check.csv").read_text()
     assert not (tmp_path / "run" / "export_check.csv").is_symlink()
+
+
+# --- 2. nproc bounded by the usable cores ----------------------------------------------------------------------------
+def test_nproc_above_the_usable_cores_is_refused_naming_the_maximum():
+    cores = usable_cpus()
+    assert coerce("nproc", str(cores)) == cores
+    with pytest.raises(ConfigError) as refused:
+        coerce("nproc", "1000" if cores < 1000 else str(cores + 1))
+    message = str(refused.value)
+    assert "'nproc'" in message and "1000" in message and f"to {cores}" in message and "CPU cores" in message, message
+
+
+def cli_mode(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolo_cb", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_nproc_1000_on_the_command_line_is_one_line_exit_2(tmp_path):
+    line = one_line_error(cli_mode(tmp_path, "train", "nproc=1000", f"data={tmp_path / 'none.yaml'}"))
+    assert "nproc" in line and "1000" in line and f"to {usable_cpus()}" in line, line
+
+
+# --- 3. imgsz bounded ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["32768", "1e9"])
+def test_a_huge_imgsz_on_the_command_line_is_one_line_exit_2(tmp_path, value):
+    line = one_line_error(cli_mode(tmp_path, "train", f"imgsz={value}", f"data={tmp_path / 'none.yaml'}"))
+    assert "'imgsz'" in line and str(MAX_IMGSZ) in line, line
+
+
+@pytest.mark.slow
+def test_a_checkpoints_huge_imgsz_does_not_become_vals_default(planted_run, tmp_path, caplog):
+    from yolo_cb import YOLO
+
+    assert planted_run.result.returncode == 0, planted_run.result.stderr[-3000:]
+    ckpt = torch.load(planted_run.folder / "weights" / "last.pt", weights_only=True)
+    ckpt["train_args"]["imgsz"] = 32768
+    torch.save(ckpt, tmp_path / "crafted.pt")
+    with caplog.at_level(logging.WARNING, logger="yolo_cb"):
+        model = YOLO(str(tmp_path / "crafted.pt"))
+    assert "imgsz" not in model.overrides and model.overrides["data"] == str(planted_run.data.resolve())
+    warnings = [r.getMessage() for r in caplog.records if "imgsz" in r.getMessage()]
+    assert len(warnings) == 1 and "crafted.pt" in warnings[0] and "32768" in warnings[0] and "\n" not in warnings[0], warnings
