@@ -175,3 +175,29 @@ def test_a_checkpoints_huge_imgsz_does_not_become_vals_default(planted_run, tmp_
     assert "imgsz" not in model.overrides and model.overrides["data"] == str(planted_run.data.resolve())
     warnings = [r.getMessage() for r in caplog.records if "imgsz" in r.getMessage()]
     assert len(warnings) == 1 and "crafted.pt" in warnings[0] and "32768" in warnings[0] and "\n" not in warnings[0], warnings
+
+
+# --- 4. class names printed escaped ----------------------------------------------------------------------------------
+def test_the_per_class_table_prints_names_escaped_and_keeps_them(caplog):
+    from yolo_cb.engine.validator import Validator
+
+    rows = [{"name": n, "images": 1, "instances": 1, "precision": 0.5, "recall": 0.5, "mAP50": 0.5, "mAP50-95": 0.5} for n in ESCAPES]
+    fake = SimpleNamespace(det_metrics=SimpleNamespace(nt=np.array([4]), mp=0.5, mr=0.5, map50=0.5, map=0.5), seen=4, nc=4,
+                           training=False, plot=False, args=SimpleNamespace(verbose=False), per_class=rows, speed={})
+    with caplog.at_level(logging.INFO, logger="yolo_cb"):
+        Validator.print_results(fake)
+    table = next(r.getMessage() for r in caplog.records if "mAP50-95" in r.getMessage())
+    assert "\x1b" not in table and "\x07" not in table and len(table.splitlines()) == 2 + len(ESCAPES), table
+    assert "\\x1b[2J" in table and "\\x1b]0;evil\\x07" in table and "a\\nforged line" in table
+    assert [r["name"] for r in rows] == ESCAPES  # what the metrics, per_class.csv and checkpoints keep is unchanged
+
+
+def test_predict_and_resume_messages_print_names_escaped():
+    from yolo_cb.engine.results import Results
+    from yolo_cb.engine.resume import describe_dataset
+
+    names = dict(enumerate(ESCAPES))
+    result = Results(np.zeros((8, 8, 3), np.uint8), "a.jpg", names, boxes=torch.tensor([[0, 0, 4, 4, 0.9, 0], [1, 1, 5, 5, 0.8, 1]]))
+    line = result.verbose() + describe_dataset({"yaml": "d.yaml", "train_images": 1, "val_images": 1, "names": ESCAPES})
+    assert "\x1b" not in line and "\n" not in line and "\\x1b[2J" in line, line
+    assert result.names == names
