@@ -201,3 +201,35 @@ def test_predict_and_resume_messages_print_names_escaped():
     line = result.verbose() + describe_dataset({"yaml": "d.yaml", "train_images": 1, "val_images": 1, "names": ESCAPES})
     assert "\x1b" not in line and "\n" not in line and "\\x1b[2J" in line, line
     assert result.names == names
+
+
+# --- 5. a FIFO never hangs the checks --------------------------------------------------------------------------------
+CHECK = textwrap.dedent("""
+    import logging, sys
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from yolo_cb.data.verify import list_image_files, load_labels
+    records, report = load_labels(list_image_files(sys.argv[1]), nc=4, cache=True)
+    print("RECORDS", len(records), report["corrupt"])
+""")
+
+
+def test_fifos_among_labels_images_and_the_cache_are_skipped_with_a_warning(tmp_path, shapes_dir):
+    images, labels = tmp_path / "images" / "train", tmp_path / "labels" / "train"
+    images.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    for name in ("good.jpg", "fifo_label.jpg"):
+        shutil.copy(next((shapes_dir / "images" / "train").glob("*.jpg")), images / name)
+    (labels / "good.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    os.mkfifo(labels / "fifo_label.txt")
+    os.mkfifo(images / "fifo_image.jpg")
+    os.mkfifo(tmp_path / "labels" / "train.yolo_cb.cache")
+    try:
+        done = subprocess.run([sys.executable, "-c", CHECK, str(images)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])})
+    except subprocess.TimeoutExpired:
+        pytest.fail("the label check hung on a FIFO")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "RECORDS 1 1" in done.stdout, output[-3000:]
+    assert "fifo_label.txt is not a regular file" in output and "fifo_image.jpg" in output, output[-3000:]
+    assert not stat.S_ISFIFO((tmp_path / "labels" / "train.yolo_cb.cache").stat().st_mode)  # the cache was rebuilt in its place
