@@ -18,7 +18,7 @@ import yaml
 from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
-from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind
+from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind, usable_cpus
 from yolo_cb.user_settings import load_user_settings
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.suggest import did_you_mean
@@ -40,7 +40,7 @@ ENUMS = {key: rule.choices for key, rule in RULES.items() if rule.kind == "enum"
 FREE = settings_of_kind("text", "device", "free", "metric", "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler")
 BOOL_OR_PATH = settings_of_kind("bool_or_path")
 # Kinds whose string values (from the CLI or a cfg file) parse as YAML scalars first; the others take text as it is.
-SCALAR_KINDS = {"int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
+SCALAR_KINDS = {"int", "procs", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
 _SCHEMA_DEFAULT = object()
 
 
@@ -125,6 +125,14 @@ def _int(key: str, rule: Setting, value: Any, default: Any) -> int | None:
     if rule.multiple and value % rule.multiple:
         step = rule.multiple
         raise _bad(key, value, f"a multiple of {step} (the model's largest stride), e.g. {max(step, round(value / step) * step)}")
+    return value
+
+
+def _procs(key: str, rule: Setting, value: Any, default: Any) -> int | None:
+    """An int >= low and at most usable_cpus(): each process (nproc=16 on 2 cores started 17, 5.1 GB) needs a core."""
+    value, cores = _int(key, rule, value, default), usable_cpus()
+    if value is not None and value > cores:
+        raise _bad(key, value, f"an integer from {rule.low} to {cores}, the CPU cores this process may use (each process needs one)")
     return value
 
 
@@ -284,6 +292,7 @@ COERCERS = {  # a setting's kind (yolo_cb/settings_schema.py) -> how a value of 
     "int": _int, "fraction": _float, "positive": _float, "nonneg": _float, "enum": _enum, "bool": _bool,
     "bool_or_path": _bool_or_path, "text": _text, "device": _device, "free": _as_is, "any": _as_is, "metric": _metric,
     "callbacks": _callbacks, "modules": _modules, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,
+    "procs": _procs,
 }
 
 class Config(SimpleNamespace):

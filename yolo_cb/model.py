@@ -23,7 +23,7 @@ from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.engine import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
-from yolo_cb.config import Config, ConfigError, get_config
+from yolo_cb.config import Config, ConfigError, coerce, get_config
 from yolo_cb.engine import resume
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
@@ -40,7 +40,7 @@ from yolo_cb.nn import build_model
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
 from yolo_cb.tune import tune
-from yolo_cb.utils.log import setup_logging
+from yolo_cb.utils.log import LOGGER, setup_logging
 
 
 class _DefaultModel(str):
@@ -48,6 +48,19 @@ class _DefaultModel(str):
 
 
 DEFAULT_MODEL = _DefaultModel(paths.DEFAULT_MODEL)
+
+
+def checkpoint_defaults(source: str) -> dict[str, Any]:
+    """data and imgsz from a checkpoint's saved settings, as val()'s defaults (never a place to write, such as datasets_dir).
+    A file we did not write may hold any value: one the settings refuse (a crafted imgsz=32768) is dropped with one warning."""
+    saved, kept = load_checkpoint(source).get("train_args") or {}, {}
+    for key in ("data", "imgsz"):
+        if key in saved:
+            try:
+                kept[key] = coerce(key, saved[key])
+            except ConfigError as error:
+                LOGGER.warning(f"WARNING {source}: its saved {key} is not used ({error}); the default {key} applies")
+    return kept
 
 
 class YOLO:
@@ -67,8 +80,7 @@ class YOLO:
             self._read_overrides()
 
     def _read_overrides(self) -> None:
-        self.overrides = {k: v for k, v in (load_checkpoint(self.source).get("train_args") or {}).items()
-                          if k in ("data", "imgsz")}  # never a place to write (datasets_dir): the user's, else the default
+        self.overrides = checkpoint_defaults(self.source)
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),

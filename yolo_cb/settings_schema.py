@@ -8,12 +8,14 @@ that cfg/default.yaml and this table name the same keys, and that every default 
 
 Kinds: int (low/high, multiple) | fraction (in [0, 1]; low_open: (0, 1]) | positive (float > 0) | nonneg (float >= 0) |
 enum (choices, aliases) | bool | bool_or_path | text (a string or empty) | device | free (any value, unparsed) | any (a
-YAML scalar, unchecked) | metric | callbacks | classes | freeze | save_epochs | lr_scheduler.
+YAML scalar, unchecked) | metric | callbacks | classes | freeze | save_epochs | lr_scheduler | procs (an int from low
+to the CPU cores this process may use: usable_cpus()).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -23,10 +25,22 @@ import yaml
 
 from yolo_cb.paths import DEFAULT_CFG
 
-__all__ = ["KINDS", "RULES", "Setting", "describe_settings", "load_defaults", "schema", "settings_of_kind"]
+__all__ = ["KINDS", "MAX_IMGSZ", "RULES", "Setting", "describe_settings", "load_defaults", "schema", "settings_of_kind", "usable_cpus"]
 
 KINDS = ("int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "text", "device", "free", "any", "metric",
-         "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler")
+         "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler", "procs")
+
+# The largest imgsz accepted: 8192 px is above any detector's training size, while one 32768 x 32768 batch already asks
+# for gigabytes (imgsz=1e9 would ask for exabytes); larger is refused, from the command line or a checkpoint alike.
+MAX_IMGSZ = 8192
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity, else the machine's): nproc's maximum, one core per process."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -70,11 +84,11 @@ RULES: dict[str, Setting] = {
     # training
     "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
     "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"),
-    "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, multiple=32),
+    "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, MAX_IMGSZ, multiple=32),
     "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R), "average_best": _int(0, **R),
     "save_initial": _k("bool", **R), "save_epochs": _k("save_epochs", **R),
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
-    "nproc": _int(1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
+    "nproc": _k("procs", low=1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
     "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),

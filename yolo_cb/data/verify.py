@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
         p = Path(entry).expanduser()
         if p.is_dir():
             suffixes = IMG_SUFFIXES | UNSUPPORTED_IMG_SUFFIXES
-            files += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in suffixes and f.is_file())
+            found = [f for f in p.rglob("*") if f.suffix.lower() in suffixes and not f.is_dir()]
+            files += sorted(str(f) for f in without_special_files(found, prefix))
         elif p.is_file() and p.suffix.lower() == ".txt":
             for line in p.read_text(encoding="utf-8").splitlines():
                 line = line.strip()
@@ -73,6 +75,16 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
         else:
             raise FileNotFoundError(f"{prefix}image path '{p}' does not exist (expected a folder, a .txt list or an image)")
     return without_undecodable_names(files, prefix)
+
+
+def without_special_files(found: list[Path], prefix: str = "") -> list[Path]:
+    """The regular files of `found` (links to them included); FIFOs, devices, sockets and broken links are left out with one
+    warning naming the first and counting them: reading a FIFO would wait for a writer forever."""
+    special = [f for f in found if not f.is_file()]
+    if special:
+        LOGGER.warning(f"{prefix}{len(special)} file(s) skipped: not a regular file (a FIFO, device, socket or broken link), e.g. "
+                       f"{shown_name(str(special[0]))}")
+    return [f for f in found if f.is_file()]
 
 
 def shown_name(path: str) -> str:
@@ -145,9 +157,12 @@ def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
     if path.suffix.lower() not in IMG_SUFFIXES:
         return None, f"unsupported image suffix '{path.suffix}' (supported: {' '.join(sorted(IMG_SUFFIXES))})"
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as e:
         return None, f"unreadable image ({e.strerror or e})"
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the decoder forever, waiting for a writer
+        return None, "not a regular file (a FIFO, device or socket)"
+    size = st.st_size
     if size == 0:
         return None, "empty image file (0 bytes)"
     from PIL import Image
@@ -172,13 +187,30 @@ def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
     return (h, w), None
 
 
+class NotARegularFile(OSError):
+    """A label path that names a folder, a FIFO, a device or a socket."""
+
+
+def read_regular_text(path: str) -> str:
+    """The text of the regular file `path` (a byte order mark, from Windows editors, is not data); NotARegularFile for
+    anything else. O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and is refused unread."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(path)
+        return f.read().decode("utf-8-sig")
+
+
 def verify_label(lb_file: str, nc: int) -> dict:
     """Parse one label file. Returns ``labels`` ((n, 5) rows), ``notes``, ``missing`` and ``corrupt`` (reason or None)."""
     out = {"labels": np.zeros((0, 5), np.float32), "notes": [], "missing": False, "corrupt": None}
     try:
-        text = Path(lb_file).read_text(encoding="utf-8-sig")  # a byte order mark (Windows editors) is not data
+        text = read_regular_text(lb_file)
     except FileNotFoundError:
         out["missing"] = True
+        return out
+    except NotARegularFile:
+        out["corrupt"] = "is not a regular file (a folder, FIFO, device or socket)"
         return out
     except (OSError, UnicodeDecodeError) as e:
         out["corrupt"] = f"unreadable ({e})"
@@ -258,7 +290,7 @@ def cache_path_for(lb_files: list[str]) -> Path:
 def read_cache(path: Path, expected_hash: str, im_files: list[str]) -> list[dict] | None:
     """The cached entries, or None when the cache is missing, corrupt, foreign or stale."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path))  # a FIFO planted as the cache is refused (then replaced), never waited on
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("hash") != expected_hash:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch import nn
 from yolo_cb.engine.backend import TORCHSCRIPT_META
 from yolo_cb.engine.export_nms import NMS_OPSET_MIN, NMSWrapper
 from yolo_cb.errors import ConfigError, WriteError
-from yolo_cb.utils.files import create_temp, write_error
+from yolo_cb.utils.files import create_temp, replaced_mode, write_error
 from yolo_cb.utils.log import LOGGER
 
 OPSET_MIN_STATIC = 10  # the stem's strided slices need Slice with steps (opset 10)
@@ -217,11 +216,11 @@ class StagedFile:
     def write(self, data: bytes) -> None:
         """Write `data` to the temp file and fsync it; a replaced target's permissions are kept."""
         try:
-            with open(self.path, "wb") as f:
-                try:
-                    os.fchmod(f.fileno(), stat.S_IMODE(os.stat(self.target).st_mode))
-                except FileNotFoundError:
-                    pass
+            fd = os.open(self.path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)  # our temp file: a link swapped in is not followed
+            with os.fdopen(fd, "wb") as f:
+                mode = replaced_mode(self.target)
+                if mode is not None:
+                    os.fchmod(f.fileno(), mode)
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

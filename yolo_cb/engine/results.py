@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from yolo_cb.utils.draw import draw_detections
+from yolo_cb.utils.log import printable
 
 
 class Boxes:
@@ -133,7 +134,8 @@ class Results:
         if not len(self):
             return ""
         counts = torch.bincount(self.boxes._tensor()[:, 5].long().cpu())
-        return "".join(f"{int(n)} {self.names.get(i, str(i))}{'s' * (n > 1)}, " for i, n in enumerate(counts.tolist()) if n)
+        # the names escaped (a model's metadata may hold terminal escapes): this string is printed to the console
+        return "".join(f"{int(n)} {printable(self.names.get(i, str(i)))}{'s' * (n > 1)}, " for i, n in enumerate(counts.tolist()) if n)
 
     def summary(self, normalize: bool = False, decimals: int = 5) -> list[dict[str, Any]]:
         """One dict per detection: name, class, confidence, box {x1, y1, x2, y2} (pixels, or fractions of the image when

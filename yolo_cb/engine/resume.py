@@ -29,7 +29,7 @@ from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.settings_schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
-from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.log import LOGGER, printable
 
 # Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
 # else would change what is trained.
@@ -318,7 +318,7 @@ def dataset_fingerprint(data: dict[str, Any], version: int = FINGERPRINT_VERSION
 
 def describe_dataset(fingerprint: dict[str, Any]) -> str:
     names = fingerprint.get("names") or []
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    shown = ", ".join(printable(n) for n in names[:8])  # the names escaped: this message is printed, the names are a data YAML's + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 

@@ -31,7 +31,7 @@ from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.utils import plotting
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.files import run_dir
-from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.log import LOGGER, printable
 
 VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR curve reaches high recall)
 VAL_MULTI_LABEL = True  # a box is a candidate under every class it scores above conf (Ultralytics' and YOLOv5's val)
@@ -326,8 +326,8 @@ class Validator:
         if m.nt.sum() == 0:
             LOGGER.warning(f"WARNING no labels found in the validation set ({self.seen} images): metrics are 0")
         if self.nc > 1 and (not self.training or self.plot or self.args.verbose):
-            for r in self.per_class:
-                lines.append(row % (r["name"][:22], r["images"], r["instances"], r["precision"], r["recall"], r["mAP50"], r["mAP50-95"]))
+            for r in self.per_class:  # a name is printed escaped (a data YAML's "\x1b[2J" would clear the screen), kept as it is
+                lines.append(row % (printable(r["name"])[:22], r["images"], r["instances"], r["precision"], r["recall"], r["mAP50"], r["mAP50-95"]))
         LOGGER.info("\n".join(lines))
         s = self.speed
         LOGGER.info(f"Speed: {s.get('preprocess', 0):.1f}ms preprocess, {s.get('inference', 0):.1f}ms inference, "

@@ -12,12 +12,14 @@ the run (the trainer registers the check with on_error="raise" then).
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
 from yolo_cb.engine.export_convert import parse_spec
 from yolo_cb.engine.export_verify import MAP_KEY, val_map
 from yolo_cb.engine.exporter import Exporter
+from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
 COLUMNS = ("variant", "file", "mAP50-95", "pytorch", "drop", "ok", "error")
@@ -65,10 +67,11 @@ class ExportCheck:
         self._judge(bool(args.export_check_strict), float(args.export_check_tol))
 
     def _write(self, file: Path) -> None:
-        with open(file, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        buffer = io.StringIO()  # written atomically, as every file of a run: a link planted at the name is replaced, not followed
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(file, buffer.getvalue())
 
     def _log(self, trainer) -> None:
         """The figures to the loggers of this run that are still open (they end at their own on_train_end, after this one:

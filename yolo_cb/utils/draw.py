@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolo_cb.utils.files import atomic_write_bytes
+
 MAX_IMAGES = 16  # at most this many images of a batch are drawn (a 4 x 4 grid)
 MAX_CANVAS = 1920  # the grid's longest side is at most this many pixels
 MIN_TILE = 320  # small images are enlarged to about this size so names and scores stay readable
@@ -97,9 +99,10 @@ def plot_batch(images: torch.Tensor, boxes: Sequence[np.ndarray | torch.Tensor],
         canvas[y : y + th, x : x + tw] = img
     if path is not None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not cv2.imwrite(str(path), canvas, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY]):
+        ok, encoded = cv2.imencode(path.suffix or ".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+        if not ok:
             raise OSError(f"could not write image {path}")
+        atomic_write_bytes(path, encoded.tobytes())  # as every file of a run: a link planted at the name is not followed
     return canvas
 
 

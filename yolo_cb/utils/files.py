@@ -25,7 +25,8 @@ def create_temp(folder: Path, prefix: str, suffix: str) -> tuple[int, Path]:
     """Create a new empty file ``folder/<prefix><random><suffix>`` exclusively; returns (fd, path).
 
     Like tempfile.mkstemp, but with mode 0o666 so the umask (not a fixed 0o600) decides who may read it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    # O_EXCL (with O_NOFOLLOW, for good measure) never opens a file or link already there, planted or not
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(100):
         path = Path(folder) / f"{prefix}{secrets.token_hex(4)}{suffix}"
         try:
@@ -55,10 +56,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = create_temp(path.parent, f".{path.name}.", ".tmp")
         with os.fdopen(fd, "wb") as f:
-            try:
-                old_mode = stat.S_IMODE(os.stat(path).st_mode)
-            except OSError:
-                old_mode = None
+            old_mode = replaced_mode(path)
             if old_mode is not None:
                 os.fchmod(f.fileno(), old_mode)
             f.write(data)
@@ -72,6 +70,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if converted is error:
             raise
         raise converted from error
+
+
+def replaced_mode(path: Path) -> int | None:
+    """The mode of the regular file `path` replaces, or None: a link at `path` is replaced, never followed, not even to read a mode."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

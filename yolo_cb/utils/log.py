@@ -16,3 +16,9 @@ def setup_logging(verbose: bool = False) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler._yolo_cb = True
         LOGGER.addHandler(handler)
+
+
+def printable(text: object) -> str:
+    """`text` safe to print: control characters (a class name "\\x1b[2J" from a data YAML or a model's metadata clears the
+    screen, a newline forges a line) written as their escapes, \\x1b, \\n; other text, non-ASCII letters included, unchanged."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))

@@ -6,10 +6,13 @@ no display needed).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from yolo_cb.utils.files import atomic_write_bytes
 
 MAX_LEGEND_CLASSES = 20  # draw one line per class (with a legend) up to this many classes, else grey lines
 
@@ -25,8 +28,9 @@ def _figure(size=(9, 6)):
 
 def _save(fig, path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    buffer = io.BytesIO()  # then written atomically, as every file of a run: a link planted at the name is not followed
+    fig.savefig(buffer, dpi=150, format=path.suffix[1:] or "png")
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 

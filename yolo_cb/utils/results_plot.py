@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
+
+from yolo_cb.utils.files import atomic_write_bytes
 
 
 def plot_results(csv_path: Path) -> Path | None:
@@ -34,5 +37,7 @@ def plot_results(csv_path: Path) -> Path | None:
         ax.axis("off")
     fig.tight_layout()
     out = csv_path.with_name("results.png")
-    fig.savefig(out, dpi=120)
+    buffer = io.BytesIO()  # then written atomically, as every file of a run: a link planted at the name is not followed
+    fig.savefig(buffer, dpi=120, format="png")
+    atomic_write_bytes(out, buffer.getvalue())
     return out

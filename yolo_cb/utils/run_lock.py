@@ -7,11 +7,12 @@ and host, which the refusal names.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from pathlib import Path
 
-from yolo_cb.errors import UserError
+from yolo_cb.errors import UserError, WriteError
 from yolo_cb.utils.files import write_error
 
 LOCK_NAME = ".lock"  # in the run folder; kept after the run (removing it would race with a run taking it)
@@ -49,15 +50,26 @@ def _refuse(folder: Path, path: Path) -> RunFolderInUse:
                           f"would overwrite each other's weights. Wait for it to end, or choose another name= (or drop exist_ok)")
 
 
+def _link_refused(path: Path) -> WriteError:
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return WriteError(f"the run folder's lock file {path} is a symbolic link{target}; yolo-cb makes that file itself and "
+                      f"never writes through a link it did not make: remove the link, or choose another name=", errno.ELOOP, str(path))
+
+
 def lock_run_folder(folder: Path) -> RunLock:
     """Take the run folder's lock or raise RunFolderInUse naming the holder; records this process as the holder."""
     folder = Path(folder)
     path = folder / LOCK_NAME
     import fcntl  # POSIX; yolo-cb's signals and DDP launch are POSIX too
 
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:  # O_NOFOLLOW: a .lock planted as a link would make the truncate below empty the file it names
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _link_refused(path) from None
         raise write_error(error, path, "the run folder's lock file") from error
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
