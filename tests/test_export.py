@@ -55,8 +55,8 @@ def workdir(tmp_path_factory):
 def static_onnx(workdir):
     events = []
     callbacks = Callbacks()
-    callbacks.add_callback("on_export_start", lambda e: events.append(("start", e.file)))
-    callbacks.add_callback("on_export_end", lambda e: events.append(("end", Path(e.file).is_file())))
+    callbacks.add_callback("on_export_start", lambda e: events.append(("start", e.output)))
+    callbacks.add_callback("on_export_end", lambda e: events.append(("end", Path(e.output).is_file())))
     exporter = Exporter({"imgsz": 64, "format": "onnx"}, callbacks=callbacks)
     path = exporter(str(workdir["weights"]))
     return {"path": Path(path), "exporter": exporter, "events": events}
@@ -68,7 +68,7 @@ def image_tensor(path: Path, size) -> torch.Tensor:
 
 def test_onnx_export_verifies_and_has_metadata(workdir, static_onnx):
     path, exporter = static_onnx["path"], static_onnx["exporter"]
-    assert path == workdir["weights"].with_suffix(".onnx") and exporter.file == path
+    assert path == workdir["weights"].with_suffix(".onnx") and exporter.output == path and exporter.file == workdir["weights"]
     assert static_onnx["events"] == [("start", path), ("end", True)]
     assert exporter.verification["max_abs"] < 1e-3
     assert exporter.image_path == str(workdir["image"])  # a real image from the checkpoint's dataset

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from yolo_cb.config import coerce, describe_settings, get_config, load_defaults
 from yolo_cb.errors import UserError
+from yolo_cb.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.user_settings import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import setup_logging
 from yolo_cb.utils.suggest import did_you_mean
@@ -51,15 +52,6 @@ class UsageError(Exception):
 
 HELP_FLAGS = ("-h", "--help", "-help")
 TASK_WORDS = ("detect", "segment", "classify", "pose", "obb")  # Ultralytics' `yolo TASK MODE ...`: here the task is detection
-# Ultralytics' settings (its default.yaml); those yolo-cb lacks get "an Ultralytics setting yolo-cb does not have"
-ULTRALYTICS_KEYS = frozenset(
-    "task mode model data epochs time patience batch imgsz save save_period cache device workers project name exist_ok pretrained "
-    "optimizer verbose seed deterministic single_cls rect cos_lr close_mosaic resume amp fraction profile freeze multi_scale compile "
-    "overlap_mask mask_ratio dropout val split save_json conf iou max_det half dnn plots source vid_stride stream_buffer visualize "
-    "augment agnostic_nms classes retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes "
-    "line_width format keras optimize int8 dynamic simplify opset workspace nms lr0 lrf momentum weight_decay warmup_epochs "
-    "warmup_momentum warmup_bias_lr box cls dfl pose kobj nbs hsv_h hsv_s hsv_v degrees translate scale shear perspective flipud "
-    "fliplr bgr mosaic mixup cutmix copy_paste copy_paste_mode auto_augment erasing cfg tracker".split())
 EMPTY_IS_DEFAULT = ("opset", "channels_last")  # Ultralytics writes `opset=` / `channels_last=` for "the default"
 
 
@@ -72,10 +64,7 @@ def mode_word_error(mode: str, rest: list[str]) -> UsageError:
 
 
 def unknown_key_error(key: str, valid: dict) -> UsageError:
-    if key in ULTRALYTICS_KEYS:
-        return UsageError(f"'{key}' is an Ultralytics setting yolo-cb does not have (docs/ultralytics.md says what differs); drop it. "
-                          f"See all settings with `yolo-cb cfg`.")
-    return UsageError(f"'{key}' is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+    return UsageError(unknown_key_message(key, valid))
 
 
 def missing_equals_error(token: str, mode: str, rest: list[str], valid: dict) -> UsageError:

@@ -19,9 +19,9 @@ from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings_schema import RULES, Setting, describe_settings, load_defaults, schema, settings_of_kind, usable_cpus
+from yolo_cb.ultralytics_keys import unknown_key_message
 from yolo_cb.user_settings import load_user_settings
 from yolo_cb.utils.files import atomic_write_text
-from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import load_yaml, yaml_loads
 
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "parse_freeze",
@@ -317,7 +317,7 @@ def check_keys(overrides: dict[str, Any], valid: dict[str, Any], source: str = "
     for key in overrides:
         if key not in valid:
             where = f" in {source}" if source else ""
-            raise ConfigError(f"'{key}'{where} is not a valid yolo-cb argument.{did_you_mean(key, valid)} See all with `yolo-cb cfg`.")
+            raise ConfigError(unknown_key_message(key, valid, where))
 
 
 def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -257,7 +257,7 @@ class YOLO:
 
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
-                          base={"save": save})
+                          base={"save": save, "batch": 1})  # batch 1 unless given, as Ultralytics' predict
         self._require_weights("predict", args.model)
         setup_logging(args.verbose)
         predictor = Predictor(args, callbacks=self._engine_callbacks(args))

@@ -44,8 +44,8 @@ PREDICTOR_EVENTS: dict[str, str] = {
 }
 
 EXPORTER_EVENTS: dict[str, str] = {
-    "on_export_start": "export starts (model loaded, not yet exported)",
-    "on_export_end": "the file was written and verified: exporter.file holds its path",
+    "on_export_start": "export starts (model loaded, not yet exported): exporter.file is the source .pt, exporter.output the file to write",
+    "on_export_end": "the file was written and verified: exporter.output holds its path (exporter.file: the source .pt)",
 }
 
 EVENTS: dict[str, str] = {**TRAINER_EVENTS, **VALIDATOR_EVENTS, **PREDICTOR_EVENTS, **EXPORTER_EVENTS}

@@ -126,7 +126,8 @@ class Exporter:
             self.args = get_config({**EXPORT_DEFAULTS, **(args or {})})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.validate = validate
-        self.file: Path | None = None
+        self.file: Path | None = None  # the source model (.pt), as Ultralytics' exporter.file; None for an nn.Module
+        self.output: Path | None = None  # the exported file or folder, set at on_export_start, written by on_export_end
         self.model: nn.Module | None = None
         self.metadata: dict[str, Any] = {}
         self.verification: dict[str, float] = {}
@@ -269,7 +270,7 @@ class Exporter:
             if calib is not None:  # openvino int8: the same QDQ graph as onnx int8, converted
                 int8_onnx(source, quantized, calib)
                 ir_source = quantized
-            save_openvino(openvino_model(ir_source), staged, self.file.name.removesuffix("_openvino_model"), bool(self.args.half),
+            save_openvino(openvino_model(ir_source), staged, self.output.name.removesuffix("_openvino_model"), bool(self.args.half),
                           self.metadata)
             return staged
         finally:
@@ -325,7 +326,8 @@ class Exporter:
         batch = int(args.batch or 1)
         calib = calibration_images(args.data, args.datasets_dir, float(args.fraction), imgsz) if args.int8 else None
         self.metadata = self._metadata(module, imgsz, batch)
-        self.file = file = self._target(fmt, weights, module)
+        self.file, self.output = weights, self._target(fmt, weights, module)
+        file = self.output
         self.run_callbacks("on_export_start")
         LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
                     f"half={bool(args.half)}, int8={bool(args.int8)}, nms={bool(args.nms)}{', opset ' + str(args.opset) if fmt != 'torchscript' else ''})")

@@ -3,12 +3,13 @@
     results = Predictor({"conf": 0.3})("images/", model="best.onnx")        # list of Results
     for r in Predictor()("video.mp4", model="best.pt", stream=True): ...   # generator, frame by frame
 
-Sources: an image path, a folder, a glob, a video file, a .txt list of paths, a numpy image (HWC BGR), or a list of these.
+Sources (yolo_cb/engine/sources.py): an image path, a folder, a glob, a video file, a .txt list of paths, a numpy image
+(HWC BGR), a PIL image, a BCHW float RGB tensor in 0..1 (sides multiples of 32, not letterboxed), or a list of these.
+Images are predicted in batches of `batch` (1 unless given, as in Ultralytics; a fixed-batch export: its batch).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import threading
@@ -24,15 +25,15 @@ import torch
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.transforms import letterbox
-from yolo_cb.data.verify import IMG_SUFFIXES, imread
+from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.engine.backend import Backend, load_backend
 from yolo_cb.engine.results import Results
+from yolo_cb.engine.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
+from yolo_cb.errors import ConfigError
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
-VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpeg", ".mpg", ".wmv", ".webm", ".gif")
-MEDIA_SUFFIXES = IMG_SUFFIXES | set(VIDEO_SUFFIXES)  # what a folder or glob source yields
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
 
 
@@ -46,104 +47,6 @@ def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False
     boxed, ratio, pad = letterbox(img, new_shape=shape, auto=auto, stride=stride)
     tensor = torch.from_numpy(np.ascontiguousarray(boxed[..., ::-1].transpose(2, 0, 1))).float().div_(255.0)
     return tensor, (ratio, tuple(pad))
-
-
-# --- sources ----------------------------------------------------------------------------------
-def _expand(source: Any) -> list[Any]:
-    """Flatten a source into a list of image/video paths and numpy images (folders, globs, .txt lists expanded)."""
-    if isinstance(source, np.ndarray):
-        return [source]
-    if isinstance(source, (list, tuple)):
-        return [item for s in source for item in _expand(s)]
-    text = str(source)
-    path = Path(text).expanduser()
-    if any(ch in text for ch in "*?[") and not path.exists():
-        matches = sorted(glob.glob(text, recursive=True))
-        if not matches:
-            raise FileNotFoundError(f"source glob '{text}' matched no files")
-        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in MEDIA_SUFFIXES]
-    if path.is_dir():
-        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
-    if path.is_file() and path.suffix.lower() == ".txt":
-        items = []
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                entry = Path(line).expanduser()
-                items.extend(_expand(str(entry if entry.is_absolute() or entry.exists() else path.parent / entry)))
-        return items
-    if path.is_file():
-        return [str(path)]
-    raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob or .txt list)")
-
-
-def too_many_pixels(path: str) -> str | None:
-    """Why `path` is refused before decoding: more pixels than training accepts, read from the header (no decode).
-
-    Training refuses such an image when Pillow opens it to verify it (a DecompressionBombError above
-    2 x PIL.Image.MAX_IMAGE_PIXELS, 178,956,970 pixels by default); predict applies the same limit, the same way."""
-    import re
-
-    from PIL import Image
-
-    try:
-        with Image.open(path):  # lazy: reads the header only, and raises for a decompression bomb
-            return None
-    except Image.DecompressionBombError as error:
-        found = re.search(r"\((\d+) pixels\)", str(error))
-        pixels = f"{int(found.group(1)):,} pixels" if found else str(error)
-        return (f"{pixels}, more than training accepts ({2 * int(Image.MAX_IMAGE_PIXELS or 0):,}: Pillow's decompression-bomb "
-                f"limit, 2 x PIL.Image.MAX_IMAGE_PIXELS); resize it to predict on it")
-    except Exception:  # not an image Pillow reads: OpenCV decides, as in training's imread
-        return None
-
-
-def undecodable_name(path: str) -> str | None:
-    """`path` written with \\xNN escapes when its name is not valid UTF-8 (OpenCV crashes on such a path), else None."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(path).decode("utf-8", "backslashreplace")
-    return None
-
-
-def iter_frames(source: Any) -> Iterator[tuple[str, np.ndarray, int | None]]:
-    """(path, BGR image, frame index or None) for every image and video frame of `source`; unreadable files are skipped with a warning."""
-    for n, item in enumerate(_expand(source)):
-        if isinstance(item, np.ndarray):
-            yield f"image{n}.jpg", item, None
-            continue
-        shown = undecodable_name(item)
-        if shown is not None:  # as training does with such names: skipped, named once
-            LOGGER.warning(f"skipping {shown}: the file name is not valid UTF-8 (OpenCV cannot open it); rename it to predict on it")
-            continue
-        if Path(item).suffix.lower() in VIDEO_SUFFIXES:
-            capture = cv2.VideoCapture(item)
-            if not capture.isOpened():
-                LOGGER.warning(f"skipping unreadable video {item}")
-                continue
-            try:
-                frame_index = 0
-                while True:
-                    ok, frame = capture.read()
-                    if not ok:
-                        break
-                    yield item, frame, frame_index
-                    frame_index += 1
-                if frame_index == 0:
-                    LOGGER.warning(f"skipping unreadable video {item} (no frames decoded)")
-            finally:
-                capture.release()
-            continue
-        refused = too_many_pixels(item)
-        if refused is not None:
-            LOGGER.warning(f"skipping {item}: {refused}")
-            continue
-        img = imread(item)  # as training reads it: EXIF orientation applied
-        if img is None:
-            LOGGER.warning(f"skipping unreadable image {item}")
-            continue
-        yield item, img, None
 
 
 def term_as_exit() -> Any:
@@ -163,7 +66,7 @@ class Predictor:
     on_predict_postprocess_end (predictor.results), on_predict_batch_end, on_predict_end."""
 
     def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
-        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})})
+        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})}, base={"batch": 1})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.backend: Backend | None = None
         self.model: Backend | None = None  # the loaded model (as Ultralytics' predictor.model): names, stride, device, __call__
@@ -206,56 +109,33 @@ class Predictor:
         gen = self.stream_inference(source, model)
         return gen if stream else list(gen)
 
-    def _batches(self, frames: Iterator, size: int) -> Iterator[list]:
-        batch = []
-        for item in frames:
-            batch.append(item)
-            if len(batch) == size:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
+    def batch_size(self, backend: Backend) -> int:
+        """Images per model call: batch= (1 unless given, as Ultralytics' predict); a fixed-batch export runs its own
+        batch, and another batch= given for it is refused (it would be ignored)."""
+        wanted = int(self.args.batch or 1)
+        if backend.batch and wanted not in (1, backend.batch):
+            raise ConfigError(f"invalid value for 'batch': {wanted}; the model {backend.path or ''} was exported for a fixed batch of "
+                              f"{backend.batch}: predict with batch={backend.batch} (or 1), or re-export with dynamic=True or batch={wanted}")
+        return backend.batch or wanted
 
     @torch.no_grad()
     def stream_inference(self, source: Any = None, model: Any = None) -> Iterator[Results]:
         source = source if source is not None else self.args.source
         if source is None:
-            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list or numpy image")
+            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
         backend = self.setup_model(model)
         self.source = source
-        items = _expand(source)  # a missing source raises here, before a run dir is made
-        frames = iter_frames(items)
+        items = expand(source)  # a missing source raises here, before a run dir is made
+        count = sum(len(item.images) if hasattr(item, "images") else 1 for item in items)
+        size = self.batch_size(backend)
         if self.args.save or self.args.save_txt:
             self.save_dir = self._make_save_dir()
         self.seen, self._described, self._claimed = 0, 0, {}
         self.run_callbacks("on_predict_start")
         previous_term = term_as_exit()
         try:
-            for batch in self._batches(frames, backend.batch or 1):
-                paths, images, frame_ids = (list(v) for v in zip(*batch, strict=True))
-                self.batch = (paths, images, [self._describe(p, f, len(items)) for p, f in zip(paths, frame_ids, strict=True)])
-                self.run_callbacks("on_predict_batch_start")
-                t0 = time.perf_counter()
-                tensors, ratio_pads = zip(*(preprocess(img, self.imgsz, auto=False, stride=backend.stride) for img in images), strict=True)
-                x = torch.stack(tensors).to(backend.device)
-                t1 = time.perf_counter()
-                preds = backend(x)
-                t2 = time.perf_counter()
-                self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
-                t3 = time.perf_counter()
-                n = len(images)
-                speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n, "postprocess": (t3 - t2) * 1e3 / n}
-                for r in self.results:
-                    r.speed = dict(speed)
-                self.run_callbacks("on_predict_postprocess_end")
-                for r in self.results:
-                    self.save_result(r)
-                self.seen += n
-                if self.args.verbose:
-                    for r, text in zip(self.results, self.batch[2], strict=True):
-                        LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
-                self.run_callbacks("on_predict_batch_end")
-                yield from self.results
+            for batch in batches(iter_frames(items), size):
+                yield from self._predict_batch(batch, backend, count)
         finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
             for writer in self._writers.values():
                 writer.release()
@@ -265,6 +145,41 @@ class Predictor:
         if self.save_dir is not None:
             LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
         self.run_callbacks("on_predict_end")
+
+    def _predict_batch(self, batch: list[Frame], backend: Backend, count: int) -> list[Results]:
+        """One batch through the events: preprocess, model, postprocess, save; returns its Results."""
+        paths, frame_ids = [f.path for f in batch], [f.frame for f in batch]
+        images = [tensor_to_bgr(f.image) if isinstance(f.image, torch.Tensor) else f.image for f in batch]
+        self.batch = (paths, images, [self._describe(p, f, count) for p, f in zip(paths, frame_ids, strict=True)])
+        self.run_callbacks("on_predict_batch_start")
+        t0 = time.perf_counter()
+        tensors, ratio_pads = zip(*(self.prepare(f.image, backend) for f in batch), strict=True)
+        x = torch.stack(tensors).to(backend.device)
+        t1 = time.perf_counter()
+        preds = backend(x)
+        t2 = time.perf_counter()
+        self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
+        t3 = time.perf_counter()
+        n = len(images)
+        speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n, "postprocess": (t3 - t2) * 1e3 / n}
+        for r in self.results:
+            r.speed = dict(speed)
+        self.run_callbacks("on_predict_postprocess_end")
+        for r in self.results:
+            self.save_result(r)
+        self.seen += n
+        if self.args.verbose:
+            for r, text in zip(self.results, self.batch[2], strict=True):
+                LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
+        self.run_callbacks("on_predict_batch_end")
+        return self.results
+
+    def prepare(self, image: np.ndarray | torch.Tensor, backend: Backend) -> tuple[torch.Tensor, tuple]:
+        """The model input of one image and its ratio_pad: a tensor source's image as it is (model-sized already, as
+        Ultralytics feeds it), any other letterboxed to imgsz."""
+        if isinstance(image, torch.Tensor):
+            return image, (1.0, (0.0, 0.0))
+        return preprocess(image, self.imgsz, auto=False, stride=backend.stride)
 
     def _describe(self, path: str, frame: int | None, count: int) -> str:
         """The per-image line Ultralytics puts third in predictor.batch: 'image 3/10 path: ' or 'video 1/1 (frame 5) path: '."""

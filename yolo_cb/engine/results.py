@@ -11,6 +11,7 @@ import torch
 from yolo_cb.utils.draw import draw_detections
 from yolo_cb.utils.log import printable
 
+SUMMARY_COLUMNS = ["name", "class", "confidence", "box"]  # Results.to_df() / to_csv(): Ultralytics' columns, box a dict x1..y2
 
 class Boxes:
     """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels.
@@ -155,25 +156,26 @@ class Results:
         return json.dumps(self.summary(normalize=normalize, decimals=decimals), indent=2)
 
     def to_csv(self, normalize: bool = False, decimals: int = 5) -> str:
-        """summary() as CSV text: one row per detection (name, class, confidence, x1, y1, x2, y2), with a header."""
+        """summary() as CSV text with a header, Ultralytics' columns: name, class, confidence, box (the box's dict
+        {'x1': ..., 'y1': ..., 'x2': ..., 'y2': ...} written as text, as Ultralytics writes its struct column)."""
         import csv
         import io
 
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["name", "class", "confidence", "x1", "y1", "x2", "y2"])
+        writer.writerow(SUMMARY_COLUMNS)
         for row in self.summary(normalize=normalize, decimals=decimals):
-            writer.writerow([row["name"], row["class"], row["confidence"], *row["box"].values()])
+            writer.writerow([row["name"], row["class"], row["confidence"], repr(row["box"])])
         return out.getvalue()
 
     def to_df(self, normalize: bool = False, decimals: int = 5):
-        """summary() as a pandas DataFrame (the columns of to_csv); needs pandas."""
+        """summary() as a pandas DataFrame with Ultralytics' columns: name, class, confidence, box (a dict x1, y1, x2, y2
+        per row); needs pandas (Ultralytics 8.4 returns a polars DataFrame of the same columns)."""
         try:
             import pandas
         except ImportError as error:
             raise ImportError("Results.to_df() needs pandas: pip install pandas (to_csv() and summary() need nothing)") from error
-        rows = [[r["name"], r["class"], r["confidence"], *r["box"].values()] for r in self.summary(normalize=normalize, decimals=decimals)]
-        return pandas.DataFrame(rows, columns=["name", "class", "confidence", "x1", "y1", "x2", "y2"])
+        return pandas.DataFrame(self.summary(normalize=normalize, decimals=decimals), columns=SUMMARY_COLUMNS)
 
     def show(self, **plot_kwargs) -> None:
         """Open plot() in the system's image viewer; RuntimeError (one line) without a display (save() writes a file)."""

@@ -5,7 +5,8 @@
 
 Events: on_val_start, on_val_batch_start, on_val_batch_end, on_val_end (callbacks get the validator).
 During a batch `validator.batch` is the loader's batch and `validator.preds` its post-processed detections
-([x1, y1, x2, y2, score, cls] in letterboxed-input pixels). Matching is done in original-image pixels.
+([x1, y1, x2, y2, score, cls] in letterboxed-input pixels). Matching is done in original-image pixels. classes= keeps
+the predictions and labels of those classes only, so the metrics are theirs (as Ultralytics' val(classes=...)).
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ class Validator:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
         return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
-                           end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL)
+                           classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL)
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""
@@ -283,6 +284,8 @@ class Validator:
         for i, pred in enumerate(preds):
             self.seen += 1
             labels = targets[targets[:, 0] == i]
+            if self.args.classes is not None:  # classes=: only those classes are evaluated (their predictions and labels)
+                labels = labels[torch.isin(labels[:, 1].long(), torch.as_tensor(self.args.classes, device=labels.device))]
             ori_shape, ratio_pad = batch["ori_shapes"][i], batch["ratio_pad"][i]
             gt_xyxy = scale_boxes(cxcywh2xyxy(labels[:, 2:6].float().cpu()), ratio_pad, ori_shape)
             gt_cls = labels[:, 1].long().cpu()

@@ -1,0 +1,160 @@
+"""Ultralytics habits that used to be silently ignored or misleading (issue #42), each checked against Ultralytics 8.4.190's
+behaviour: save_txt's columns (save_conf off by default), predict's batch= on folders, val's classes=, Results.to_df() /
+to_csv() columns, exporter.file at the export events, PIL images and BCHW tensors as sources, and the refusal of an
+Ultralytics setting yolo-cb lacks from the Python API. One tiny model, trained once, serves every test."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+
+from yolo_cb import YOLO
+from yolo_cb.config import ConfigError
+
+CONF = 1e-4  # low: the one-epoch model's scores are weak (~0.003), and every test needs some boxes
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shapes_small_yaml):
+    """best.pt of a one-epoch training on shapes_small, and six of its validation images."""
+    root = tmp_path_factory.mktemp("silent")
+    model = YOLO("yolocb-n.yaml")  # learns faster than YOLOX-nano in one epoch
+    model.train(**{**TINY, "model": "yolocb-n.yaml", "data": str(shapes_small_yaml), "project": str(root / "runs"), "name": "exp"})
+    images = root / "images"
+    images.mkdir()
+    val = [Path(p) for p in Path(str(shapes_small_yaml).replace("shapes_small.yaml", "val.txt")).read_text().split()]
+    for p in val[:6]:
+        shutil.copy(p, images / p.name)
+    return {"weights": model.source, "images": images, "data": str(shapes_small_yaml), "root": root}
+
+
+def boxes_of(results) -> list[np.ndarray]:
+    return [np.asarray(r.numpy().boxes.data) for r in results]
+
+
+def assert_same_detections(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(boxes_of(a), boxes_of(b), strict=True):
+        assert x.shape == y.shape and np.allclose(x, y, atol=1e-3, rtol=1e-4)
+
+
+# --- 1. save_txt writes 5 columns unless save_conf=True --------------------------------------------------------------------
+def test_save_txt_has_no_confidence_unless_save_conf(trained, tmp_path):
+    from yolo_cb.config import load_defaults
+
+    assert load_defaults()["save_conf"] is False
+    model = YOLO(trained["weights"])
+    for save_conf, columns in ((None, 5), (True, 6)):
+        extra = {} if save_conf is None else {"save_conf": save_conf}
+        results = model.predict(trained["images"], save_txt=True, conf=CONF, imgsz=64, project=str(tmp_path), name=f"c{columns}", **extra)
+        assert sum(len(r) for r in results) > 0
+        lines = [line for f in sorted((tmp_path / f"c{columns}" / "labels").glob("*.txt")) for line in f.read_text().splitlines()]
+        assert lines and {len(line.split()) for line in lines} == {columns}
+        assert all(0.0 <= float(v) <= 1.0 for line in lines for v in line.split()[1:5])  # cx cy w h, normalised
+
+
+# --- 2. predict honours batch= on a folder ---------------------------------------------------------------------------------
+def test_predict_runs_batches_of_batch(trained):
+    sizes = []
+    model = YOLO(trained["weights"])
+    model.add_callback("on_predict_batch_start", lambda p: sizes.append(len(p.batch[0])))
+    batched = model.predict(trained["images"], batch=4, conf=CONF, imgsz=64)
+    assert sizes == [4, 2]
+    sizes.clear()
+    single = model.predict(trained["images"], conf=CONF, imgsz=64)  # Ultralytics' predict default: batch 1
+    assert sizes == [1] * 6
+    assert [r.path for r in batched] == [r.path for r in single]
+    assert_same_detections(batched, single)
+    sizes.clear()
+    model.predict(sorted(map(str, trained["images"].iterdir())), batch=3, conf=CONF, imgsz=64)  # a list of images too
+    assert sizes == [3, 3]
+
+
+# --- 3. val(classes=...) evaluates only those classes -----------------------------------------------------------------------
+def test_val_classes_filters_predictions_and_classes(trained):
+    model = YOLO(trained["weights"])
+    kept = set()
+    model.add_callback("on_val_batch_end", lambda v: kept.update(int(c) for p in v.preds for c in p[:, 5]))
+    every = model.val(data=trained["data"], imgsz=64, batch=8, plots=False, project=str(trained["root"] / "val"), name="all")
+    assert list(every.ap_class_index) == [0, 1, 2, 3] and len(kept) > 1
+    kept.clear()
+    only = model.val(data=trained["data"], imgsz=64, batch=8, plots=False, classes=[0], project=str(trained["root"] / "val"), name="c0")
+    assert list(only.ap_class_index) == [0] and kept == {0}  # predictions of class 0 only
+    assert only.box.map == pytest.approx(only.box.maps[0])
+    assert only.box.map == pytest.approx(every.box.maps[0], abs=1e-6)  # class 0's mAP50-95, not the mean over classes
+    assert only.box.map50 == pytest.approx(float(every.box.all_ap[0, 0]), abs=1e-6)
+
+
+# --- 4. Results.to_df() / to_csv(): name, class, confidence, box ---------------------------------------------------------------
+def test_results_to_df_and_to_csv_columns(trained):
+    r = YOLO(trained["weights"])(sorted(trained["images"].iterdir())[0], conf=CONF, imgsz=64)[0]
+    assert len(r) > 0
+    frame = r.to_df()
+    assert list(frame.columns) == ["name", "class", "confidence", "box"] and len(frame) == len(r)
+    box = frame["box"][0]
+    assert set(box) == {"x1", "y1", "x2", "y2"}
+    assert box["x1"] == pytest.approx(float(r.boxes.xyxy[0, 0]), abs=1e-4)
+    lines = r.to_csv().splitlines()
+    assert lines[0] == "name,class,confidence,box" and len(lines) == len(r) + 1
+    assert "'x1':" in lines[1]
+
+
+# --- 5. exporter.file is the source model at both export events ----------------------------------------------------------------
+def test_exporter_file_is_the_source_model(trained):
+    seen = []
+    model = YOLO(trained["weights"])
+    for event in ("on_export_start", "on_export_end"):
+        model.add_callback(event, lambda e, event=event: seen.append((event, e.file, e.output, Path(e.output).is_file())))
+    written = model.export(format="onnx", imgsz=64)
+    source = Path(trained["weights"])
+    assert written.endswith(".onnx") and Path(written).is_file()
+    assert seen == [("on_export_start", source, Path(written), False), ("on_export_end", source, Path(written), True)]
+
+
+# --- 6. a PIL image and a BCHW tensor as source ------------------------------------------------------------------------------
+def test_pil_image_source_equals_its_file(trained, tmp_path):
+    from PIL import Image
+
+    png = tmp_path / "scene.png"  # lossless, so that OpenCV and Pillow decode the same pixels
+    cv2.imwrite(str(png), cv2.imread(str(sorted(trained["images"].iterdir())[0])))
+    model = YOLO(trained["weights"])
+    from_file = model(png, conf=CONF, imgsz=64)
+    with Image.open(png) as image:
+        from_pil = model(image, conf=CONF, imgsz=64)
+        assert len(from_file[0]) > 0
+        assert_same_detections(from_pil, from_file)
+        assert from_pil[0].orig_shape == from_file[0].orig_shape
+        assert_same_detections(model([image, image], conf=CONF, imgsz=64), from_file * 2)  # in a list too
+
+
+def test_tensor_source_gives_one_result_per_batch_item(trained):
+    images = [cv2.resize(cv2.imread(str(p)), (64, 64)) for p in sorted(trained["images"].iterdir())[:3]]
+    tensor = torch.from_numpy(np.stack([im[..., ::-1].transpose(2, 0, 1) for im in images]).copy()).float() / 255  # BCHW RGB 0..1
+    model = YOLO(trained["weights"])
+    results = model(tensor, conf=CONF, imgsz=64)
+    assert len(results) == 3 and all(r.orig_shape == (64, 64) for r in results)
+    assert_same_detections(results, model(images, conf=CONF, imgsz=64))  # the same pixels as BGR arrays, no letterbox needed
+    assert len(model([tensor[:1], tensor[1:]], conf=CONF, imgsz=64)) == 3  # tensors in a list
+    with pytest.raises(ValueError, match="divisible by"):
+        model(torch.rand(1, 3, 50, 64))
+
+
+# --- 7. an Ultralytics setting yolo-cb lacks: said so from Python as from the CLI --------------------------------------------
+@pytest.mark.parametrize("key", ["augment", "single_cls"])
+def test_python_api_names_ultralytics_settings(key, trained):
+    with pytest.raises(ConfigError, match=f"'{key}' is an Ultralytics setting yolo-cb does not have") as error:
+        YOLO("yolox-nano.yaml").train(data=trained["data"], **{key: True})
+    assert "did you mean" not in str(error.value).lower()
+    with pytest.raises(ConfigError, match="is an Ultralytics setting yolo-cb does not have"):
+        YOLO(trained["weights"]).predict(trained["images"], **{key: True})
+
+
+def test_python_api_typo_still_suggests():
+    with pytest.raises(ConfigError, match="Did you mean 'epochs'"):
+        YOLO("yolox-nano.yaml").train(epoch=3)
