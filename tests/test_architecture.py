@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
-    ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.user_settings", "yolo_cb.config"),  # the settings: parsed, typed, checked
+    ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.user_settings", "yolo_cb.ultralytics_keys", "yolo_cb.config"),  # the settings: parsed, typed, checked; Ultralytics' keys we do not have
     ("yolo_cb.engine",),  # trainer, validator, predictor, exporter, checkpoints, official weights (engine.weights)
     ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
     # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
