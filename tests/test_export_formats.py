@@ -57,7 +57,7 @@ def exports(fitted):
         if variant not in made:
             fmt, *flags = variant.split("_")
             folder = best.parent.parent / f"export_{variant}"
-            folder.mkdir()
+            folder.mkdir(exist_ok=True)  # a variant asked for again after a failed export
             model = folder / "best.pt"
             shutil.copyfile(best, model)
             extra = [f"data={data}"] if "int8" in flags else []

@@ -62,6 +62,11 @@ def _version() -> str:
     return str(__version__)
 
 
+# The output-by-output gate of a half export: fp16 rounding moved a trained model's outputs by up to 0.07 (see _verify);
+# a broken conversion moves them by O(1). Its mAP against PyTorch's (side_by_side) judges the precision itself.
+HALF_TOL = 0.15
+
+
 def compare(output: Any, reference: Any) -> dict[str, float]:
     """Differences of two arrays/tensors of the same shape: max_abs, max_rel (|a - b| / max(|b|, 1e-3)) and max_err.
 
@@ -201,8 +206,8 @@ class Exporter:
         fn = verify_torchscript if fmt == "torchscript" else verify_onnx if fmt == "onnx" else verify_backend
         result = fn(file, model, image)
         tol = float(self.args.export_tol)
-        if self.args.half:  # fp16 arithmetic vs fp32: measured 0.023 on a trained YOLOX-nano at 64 px; the mAP is the real gate
-            tol = max(tol, 5e-2)
+        if self.args.half:  # fp16 arithmetic vs fp32 on a trained YOLOX-nano at 64 px: 0.023 (Xeon), 0.0705 when trained and run
+            tol = max(tol, HALF_TOL)  # with oneDNN capped at AVX (onnx and openvino alike); the mAP on data= is the real gate
         if self.args.int8:  # int8 is judged by its mAP on data= (see side_by_side), not output by output
             LOGGER.info(f"int8 {fmt} export: difference vs PyTorch {result['max_err']:.3g} (not gated; the mAP is)")
             return result
