@@ -158,3 +158,34 @@ def test_python_api_names_ultralytics_settings(key, trained):
 def test_python_api_typo_still_suggests():
     with pytest.raises(ConfigError, match="Did you mean 'epochs'"):
         YOLO("yolox-nano.yaml").train(epoch=3)
+
+
+# --- Missing attributes Ultralytics users reach for (issue #42): each as Ultralytics 8.4.190 has it --------------------------
+def test_model_device_ckpt_path_fuse_to_and_predictor(trained):
+    model = YOLO(trained["weights"])
+    assert model.ckpt_path == trained["weights"] and model.device == torch.device("cpu")
+    assert YOLO("yolocb-n.yaml").ckpt_path is None
+    assert model.predictor is None
+    model.predict(trained["images"], conf=CONF, imgsz=64)
+    assert model.predictor is not None and model.predictor.args.conf == CONF  # the last predict's engine
+    assert model.to("cpu") is model and model.device == torch.device("cpu")
+    image = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model.model.eval()(image)
+        batchnorms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.model.modules())
+        assert model.fuse() is None and batchnorms > 0
+        assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.model.modules()) == 0  # folded into the convolutions
+        assert torch.allclose(model.model(image), before, rtol=1e-3, atol=1e-4)  # the same function
+
+
+def test_metrics_save_dir_is_the_validation_folder(trained, tmp_path):
+    metrics = YOLO(trained["weights"]).val(data=trained["data"], imgsz=64, plots=False, project=str(tmp_path), name="v")
+    assert metrics.save_dir == tmp_path / "v"
+
+
+def test_fuse_and_device_of_an_export_say_what_they_need(trained, tmp_path):
+    onnx = YOLO(trained["weights"]).export(format="onnx", imgsz=64, project=str(tmp_path))
+    exported = YOLO(onnx)
+    assert exported.device is None and exported.ckpt_path is None
+    with pytest.raises(TypeError, match="needs a PyTorch model"):
+        exported.fuse()

@@ -36,6 +36,7 @@ from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.engine.validator import Validator
 from yolo_cb.engine.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
 from yolo_cb.launch import launch_ddp, world_size_for
+from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
@@ -63,7 +64,7 @@ def checkpoint_defaults(source: str) -> dict[str, Any]:
     return kept
 
 
-class YOLO:
+class YOLO(ModelHabits):
     """Train / val / predict / export a YOLOX detector; `add_callback` and friends register user callbacks."""
 
     def __init__(self, model: str | Path | None = DEFAULT_MODEL):
@@ -260,7 +261,7 @@ class YOLO:
                           base={"save": save, "batch": 1})  # batch 1 unless given, as Ultralytics' predict
         self._require_weights("predict", args.model)
         setup_logging(args.verbose)
-        predictor = Predictor(args, callbacks=self._engine_callbacks(args))
+        predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))
         return predictor(source=source if source is not None else args.source, model=args.model, stream=stream)
 
     def export(self, **kwargs) -> str:
@@ -292,8 +293,11 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 
     last = getattr(validator, "metrics", None)
     if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
-        return DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
-    return DetectionMetrics(values, names=getattr(validator, "names", None) or None)
+        metrics = DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
+    else:
+        metrics = DetectionMetrics(values, names=getattr(validator, "names", None) or None)
+    metrics.save_dir = getattr(validator, "save_dir", None)  # the run folder, as Ultralytics' train() metrics
+    return metrics
 
 
 def _trainer_class(trainer_class: Any) -> type:

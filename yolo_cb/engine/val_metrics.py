@@ -125,6 +125,7 @@ class DetectionMetrics(dict):
         self.box = BoxMetric(det, self)
         self.speed = {k: float((speed or {}).get(k, 0.0)) for k in SPEED_KEYS}
         self.names = dict(names if names is not None else (det.names if det is not None else {}))
+        self.save_dir = None  # the validation's folder (plots, predictions.json), set by the validator that made these
 
     @property
     def fitness(self) -> float:

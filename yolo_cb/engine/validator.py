@@ -315,6 +315,7 @@ class Validator:
             self.det_metrics.update(s["pred_boxes"], s["pred_scores"], s["pred_cls"], s["gt_boxes"], s["gt_cls"], key=s["image_id"])
         m = self.det_metrics.compute()
         self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix)
+        self.metrics.save_dir = self.save_dir
         self.per_class = m.per_class
         self.fitness = m.fitness
         if self.training and per_class.wanted(self.args.per_class, self.nc):  # trainer.metrics; val() keeps Ultralytics' keys
