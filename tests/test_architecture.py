@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
     ("yolo_cb.tune", "yolo_cb.tune.ray_backend"),  # studies of trainings: Optuna's, or Ray Tune's (backend=ray)
     ("yolo_cb.model_habits", "yolo_cb.model"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
-    ("yolo_cb.cli",),
+    ("yolo_cb.cli_info", "yolo_cb.cli"),  # `yolo-cb checks` / `copy-cfg`; the command line
     ("yolo_cb", "yolo_cb.__main__"),  # the package root: __version__ and a lazy YOLO
 )
 ROOT = "yolo_cb"

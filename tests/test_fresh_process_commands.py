@@ -28,9 +28,27 @@ def fresh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, says", [(["cfg"], "imgsz"), (["help"], "train"), (["version"], "."), (["settings"], "mlflow"),
-                                        (["callbacks", "mlflow=False"], "checkpoint")],
-                         ids=["cfg", "help", "version", "settings", "callbacks"])
+                                        (["callbacks", "mlflow=False"], "checkpoint"), (["checks"], "torch")],
+                         ids=["cfg", "help", "version", "settings", "callbacks", "checks"])
 def test_info_modes_as_first_commands(args, says, tmp_path):
     proc = fresh(*args, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert says in proc.stdout + proc.stderr
+
+
+def test_copy_cfg_writes_default_copy_once(tmp_path):
+    """Ultralytics' `yolo copy-cfg`: default.yaml copied into the working directory; a second copy is refused (exit 2)."""
+    from yolo_cb.paths import DEFAULT_CFG
+
+    proc = fresh("copy-cfg", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "default_copy.yaml").read_bytes() == DEFAULT_CFG.read_bytes()
+    again = fresh("copy-cfg", cwd=tmp_path)
+    assert again.returncode == 2 and "does not overwrite" in again.stderr, again.stderr[-2000:]
+
+
+def test_cfg_without_a_mode_word_trains(tmp_path):
+    """`yolo-cb cfg=custom.yaml` with no mode word trains, as Ultralytics: here its data= (missing) is what stops it."""
+    (tmp_path / "custom.yaml").write_text("data: no_such_data.yaml\nepochs: 1\n")
+    proc = fresh("cfg=custom.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "no_such_data.yaml" in proc.stderr and "is not a mode" not in proc.stderr, proc.stderr[-2000:]

@@ -1,6 +1,6 @@
 """`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
 
-Modes: train, val, predict, export, tune; and `yolo-cb cfg | callbacks | settings | help | version`.
+Modes: train, val, predict, export, tune, benchmark; and `yolo-cb cfg | callbacks | settings | checks | copy-cfg | help | version`.
 A usage error, or any error the user can fix (yolo_cb.errors.UserError: bad settings, data, checkpoint, an
 unwritable project=), prints one clear message (no traceback) and exits with status 2; other errors are bugs
 and keep their traceback (exit 1).
@@ -21,7 +21,7 @@ from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune", "benchmark")
-SPECIAL = ("cfg", "callbacks", "settings", "help", "version")
+SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "help", "version")
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -31,6 +31,8 @@ Usage:
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
+  yolo-cb checks | copy-cfg       this machine's versions and hardware; default.yaml copied here as default_copy.yaml
+  yolo-cb cfg=my.yaml key=value   no mode word: train with that settings file (as Ultralytics)
   yolo-cb help | version
 
 Examples:
@@ -83,6 +85,8 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
     if not argv:
         raise UsageError("no mode given. Usage: yolo-cb MODE key=value ... (MODE: train, val, predict, export, tune, benchmark; or cfg, help, version)")
     mode, rest = argv[0], argv[1:]
+    if mode.startswith("cfg="):  # `yolo-cb cfg=custom.yaml ...`: a settings file and no mode word trains, as Ultralytics
+        mode, rest = "train", argv
     if mode in HELP_FLAGS:
         return "help", {}
     if mode not in MODES + SPECIAL:
@@ -189,6 +193,10 @@ def run(argv: list[str]) -> object:
     if mode == "cfg":
         print_settings()
         return None
+    if mode in ("checks", "copy-cfg"):
+        from yolo_cb.cli_info import checks, copy_cfg
+
+        return checks() if mode == "checks" else copy_cfg()
     refuse_missing_inputs(mode, overrides)
     args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
