@@ -266,7 +266,6 @@ def test_ultralytics_results_metrics_and_callback_helpers(tiny, tmp_path, monkey
     assert list(frame.columns) == lines[0].split(",") and len(frame) == len(r)
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    with pytest.raises(RuntimeError, match=r"show\(\) needs a display"):
-        r.show()
+    r.show()  # no display: nothing shown, one warning (Ultralytics' behaviour); tests/test_ultralytics_silent.py reads it
     saved = model.predict(image, save=True, project=str(tmp_path / "p"))[0]
     assert saved.save_dir and Path(saved.save_dir, image.name).is_file()

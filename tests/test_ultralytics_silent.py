@@ -189,3 +189,25 @@ def test_fuse_and_device_of_an_export_say_what_they_need(trained, tmp_path):
     assert exported.device is None and exported.ckpt_path is None
     with pytest.raises(TypeError, match="needs a PyTorch model"):
         exported.fuse()
+
+
+def test_show_save_crop_and_show_conf_in_predict(trained, tmp_path, monkeypatch, caplog):
+    """predict(show=True) and r.show() without a display: nothing shown, one warning, as Ultralytics; save_crop=True writes
+    <run>/crops/<class>/<stem>.jpg; show_conf=False draws the boxes without their scores."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    model = YOLO(trained["weights"])
+    with caplog.at_level("WARNING", logger="yolo_cb"):
+        results = model.predict(trained["images"], conf=CONF, imgsz=64, show=True, save_crop=True, project=str(tmp_path), name="p")
+        results[0].show()
+    assert sum("no display" in r.getMessage() for r in caplog.records) <= 1 and any("no display" in r.getMessage() for r in caplog.records)
+    crops = list((tmp_path / "p" / "crops").rglob("*.jpg"))
+    assert len(crops) == sum(len(r) for r in results) > 0
+    assert {c.parent.name for c in crops} <= set(model.names.values())
+    with_conf = results[0].plot(conf=True)
+    assert not np.array_equal(with_conf, results[0].plot(conf=False))  # show_conf=False draws less
+    saved = model.predict(trained["images"], conf=CONF, imgsz=64, save=True, show_conf=False, project=str(tmp_path), name="nc")
+    first = saved[0]
+    drawn = cv2.imread(str(tmp_path / "nc" / Path(first.path).name))
+    gap = lambda a, b: float(np.abs(a.astype(int) - b.astype(int)).mean())  # noqa: E731 (the saved file is a JPEG: near, not equal)
+    assert gap(drawn, first.plot(conf=False)) < gap(drawn, first.plot(conf=True))

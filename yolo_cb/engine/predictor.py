@@ -128,7 +128,7 @@ class Predictor:
         items = expand(source)  # a missing source raises here, before a run dir is made
         count = sum(len(item.images) if hasattr(item, "images") else 1 for item in items)
         size = self.batch_size(backend)
-        if self.args.save or self.args.save_txt:
+        if self.args.save or self.args.save_txt or self.args.save_crop:
             self.save_dir = self._make_save_dir()
         self.seen, self._described, self._claimed = 0, 0, {}
         self.run_callbacks("on_predict_start")
@@ -167,6 +167,8 @@ class Predictor:
         self.run_callbacks("on_predict_postprocess_end")
         for r in self.results:
             self.save_result(r)
+            if self.args.show:
+                r.show(line_width=self.args.line_width, labels=bool(self.args.show_labels), conf=bool(self.args.show_conf))
         self.seen += n
         if self.args.verbose:
             for r, text in zip(self.results, self.batch[2], strict=True):
@@ -229,9 +231,11 @@ class Predictor:
             else:
                 txt.parent.mkdir(parents=True, exist_ok=True)
                 txt.touch()
+        if self.args.save_crop:
+            r.save_crop(self.save_dir / "crops", file_name=txt_stem)
         if not self.args.save:
             return
-        plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels))
+        plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels), conf=bool(self.args.show_conf))
         if r.frame is None:
             suffix = Path(r.path).suffix.lower()
             name = self._claim("image", Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg", r.path)

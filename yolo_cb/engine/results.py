@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 
 from yolo_cb.utils.draw import draw_detections
-from yolo_cb.utils.log import printable
+from yolo_cb.utils.log import LOGGER, printable
 
 SUMMARY_COLUMNS = ["name", "class", "confidence", "box"]  # Results.to_df() / to_csv(): Ultralytics' columns, box a dict x1..y2
 
@@ -178,14 +179,16 @@ class Results:
         return pandas.DataFrame(self.summary(normalize=normalize, decimals=decimals), columns=SUMMARY_COLUMNS)
 
     def show(self, **plot_kwargs) -> None:
-        """Open plot() in the system's image viewer; RuntimeError (one line) without a display (save() writes a file)."""
+        """Open plot() in the system's image viewer. Without a display, as Ultralytics: nothing is shown and one warning
+        per process says so (save() writes a file)."""
         import os
         import sys
 
         from PIL import Image
 
         if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-            raise RuntimeError("Results.show() needs a display (DISPLAY / WAYLAND_DISPLAY is not set); use r.save('file.jpg') or r.plot()")
+            warn_no_display()
+            return
         Image.fromarray(self.plot(**plot_kwargs)[..., ::-1]).show()
 
     def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None,
@@ -260,3 +263,10 @@ class Results:
         with open(path, "a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
         return str(path)
+
+
+@functools.cache
+def warn_no_display() -> None:
+    """Once per process: show() / show=True on a machine without a display shows nothing."""
+    LOGGER.warning("WARNING show: this machine has no display (DISPLAY / WAYLAND_DISPLAY is not set), so nothing is shown; "
+                   "save=True or r.save('file.jpg') writes the annotated images")
