@@ -155,6 +155,8 @@ def test_specs_cli_and_yaml_forms_register_the_same(tmp_path):
 def test_unknown_registered_name_and_bad_import_path():
     with pytest.raises(ValueError, match="'early_stoping' is not a registered callback. Did you mean 'early_stopping'"):
         apply_specs(Callbacks(), "early_stoping")
+    with pytest.raises(ValueError, match="needs that module imported first: callback_modules=mypkg.cbs"):  # issue #42
+        apply_specs(Callbacks(), "my_own_logger")
     with pytest.raises(ValueError, match="cannot import module 'nopkg.mod'"):
         apply_specs(Callbacks(), "on_train_end=nopkg.mod:fn")
     with pytest.raises(ValueError, match="unknown event 'on_train_ned'"):

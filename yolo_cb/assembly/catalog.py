@@ -39,7 +39,9 @@ def registered_names() -> list[str]:
 def not_registered(name: str) -> str:
     """The one line for a name that is neither registered nor an import path."""
     names = registered_names()
-    return f"'{name}' is not a registered callback.{did_you_mean(name, names)} Registered: {', '.join(names)}"
+    return (f"'{name}' is not a registered callback.{did_you_mean(name, names)} Registered: {', '.join(names)}. A name your "
+            f"own module registers (@register_callback) needs that module imported first: callback_modules=mypkg.cbs, or give "
+            f"the import path (mypkg.cbs:MyCallback)")
 
 
 def registered_declarations(value: Any) -> list[Declaration]:
