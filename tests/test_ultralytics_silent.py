@@ -211,3 +211,19 @@ def test_show_save_crop_and_show_conf_in_predict(trained, tmp_path, monkeypatch,
     drawn = cv2.imread(str(tmp_path / "nc" / Path(first.path).name))
     gap = lambda a, b: float(np.abs(a.astype(int) - b.astype(int)).mean())  # noqa: E731 (the saved file is a JPEG: near, not equal)
     assert gap(drawn, first.plot(conf=False)) < gap(drawn, first.plot(conf=True))
+
+
+def test_metrics_table_exports_and_confusion_matrix_plot(trained, tmp_path):
+    """metrics.to_df() / to_csv() / to_json() (the per-class summary) and confusion_matrix.plot(save_dir=, normalize=)."""
+    import json
+
+    metrics = YOLO(trained["weights"]).val(data=trained["data"], imgsz=64, plots=False, project=str(tmp_path), name="v")
+    rows = metrics.summary()
+    assert rows and json.loads(metrics.to_json()) == rows
+    lines = metrics.to_csv().splitlines()
+    assert lines[0] == "Class,Images,Instances,Box-P,Box-R,Box-F1,mAP50,mAP75,mAP50-95" and len(lines) == len(rows) + 1
+    frame = metrics.to_df()
+    assert list(frame["Class"]) == [r["Class"] for r in rows]
+    for normalize, name in ((True, "confusion_matrix_normalized.png"), (False, "confusion_matrix.png")):
+        path = metrics.confusion_matrix.plot(save_dir=tmp_path / "cm", normalize=normalize)
+        assert path == tmp_path / "cm" / name and cv2.imread(str(path)) is not None

@@ -19,12 +19,14 @@ P and R are reported at the confidence that maximises the mean F1 over classes (
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from yolo_cb.nn.boxes import box_iou  # noqa: F401  (metrics.box_iou: the IoU matrix AP matching uses)
+from yolo_cb.utils.plotting import plot_confusion_matrix
 
 # exactly COCOeval's Params.setDetParams arrays (same float values, so `iou >= t` agrees bit for bit)
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
@@ -293,11 +295,17 @@ class ConfusionMatrix:
     an unmatched GT to [background, true]; an unmatched detection to [pred, background].
     """
 
-    def __init__(self, nc: int, conf: float = 0.25, iou_thres: float = 0.45):
+    def __init__(self, nc: int, conf: float = 0.25, iou_thres: float = 0.45, names: dict[int, str] | None = None):
         self.nc = int(nc)
         self.conf = conf
         self.iou_thres = iou_thres
+        self.names = dict(names) if names else {i: str(i) for i in range(self.nc)}  # class id -> name, for plot()
         self.matrix = np.zeros((self.nc + 1, self.nc + 1), dtype=np.int64)
+
+    def plot(self, normalize: bool = True, save_dir: str | Path = "", names: dict[int, str] | None = None) -> Path:
+        """Ultralytics' confusion_matrix.plot(normalize=, save_dir=): confusion_matrix[_normalized].png in save_dir."""
+        file = Path(save_dir) / ("confusion_matrix_normalized.png" if normalize else "confusion_matrix.png")
+        return plot_confusion_matrix(self.matrix, names or self.names, file, normalize=normalize)
 
     def process_batch(self, detections: torch.Tensor | None, gt_boxes: torch.Tensor, gt_cls: torch.Tensor) -> None:
         """detections (n, 6) [x1, y1, x2, y2, score, cls]; gt_boxes (m, 4) xyxy; gt_cls (m,) — one image."""

@@ -114,6 +114,9 @@ class BoxMetric:
                 [d.px, d.p_curve[idx], "Confidence", "Precision"], [d.px, d.r_curve[idx], "Confidence", "Recall"]]
 
 
+SUMMARY_FIELDS = ("Class", "Images", "Instances", "Box-P", "Box-R", "Box-F1", "mAP50", "mAP75", "mAP50-95")  # summary()'s columns
+
+
 class DetectionMetrics(dict):
     """The metrics mapping (metric key -> float, as before) with Ultralytics' DetMetrics attributes; see the module doc."""
 
@@ -158,6 +161,31 @@ class DetectionMetrics(dict):
 
     def class_result(self, i: int) -> tuple[float, float, float, float]:
         return self.box.class_result(i)
+
+    def to_json(self, normalize: bool = False, decimals: int = 5) -> str:
+        """summary() as a JSON string (Ultralytics' metrics.to_json(); normalize= changes nothing for boxes)."""
+        import json
+
+        return json.dumps(self.summary(decimals=decimals), indent=2)
+
+    def to_csv(self, normalize: bool = False, decimals: int = 5) -> str:
+        """summary() as CSV text with a header row (Ultralytics' metrics.to_csv())."""
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.summary(decimals=decimals))
+        return out.getvalue()
+
+    def to_df(self, normalize: bool = False, decimals: int = 5):
+        """summary() as a pandas DataFrame (Ultralytics 8.4 returns a polars one of the same columns); needs pandas."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError("metrics.to_df() needs pandas: pip install pandas (to_csv() and summary() need nothing)") from error
+        return pandas.DataFrame(self.summary(decimals=decimals), columns=SUMMARY_FIELDS)
 
     def summary(self, decimals: int = 5) -> list[dict[str, Any]]:
         """One row per class with labels: Class, Images, Instances, Box-P, Box-R, Box-F1, mAP50, mAP75, mAP50-95 (fractions,

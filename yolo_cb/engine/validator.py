@@ -216,7 +216,7 @@ class Validator:
         self.conf = VAL_CONF if args.conf is None else float(args.conf)
         self.end2end = getattr(model, "end2end", None)  # an export with NMS in its graph: its iou and max_det
         self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
-        self.confusion_matrix = ConfusionMatrix(self.nc)
+        self.confusion_matrix = ConfusionMatrix(self.nc, names=self.names)
         self.det_metrics = DetMetrics(self.nc, self.names)
         loss_sums = dict.fromkeys(getattr(getattr(model, "criterion", None), "loss_names", ()), 0.0)  # val/<name>_loss in trainer mode
         times = dict.fromkeys(("preprocess", "inference", "postprocess"), 0.0)
