@@ -74,6 +74,8 @@ def test_model_and_export_habits(checkpoint, tmp_path):
     # half=True on the CPU: ONNX makes an fp16 model (issue 30); TorchScript cannot, one line
     one_line_error(run(["export", f"model={checkpoint}", "format=torchscript", "half=True", "device=cpu"], tmp_path), "half=True", "CUDA")
     one_line_error(run(["export", f"model={checkpoint}", "opset=99"], tmp_path), "opset=99 cannot be exported here")
-    status, said = run(["export", f"model={checkpoint}", "format=onnx", "opset=", "channels_last=", "imgsz=64", "simplify=False"], tmp_path)
+    status, said = run(["export", f"model={checkpoint}", "format=onnx", "opset=", "channels_last=", "nms=", "imgsz=64", "simplify=False"],
+                       tmp_path)
     assert status == 0 and checkpoint.with_suffix(".onnx").is_file(), said[-2000:]
+    assert "nms=False" in said, said[-2000:]  # `nms=`: the default (Ultralytics' empty nms), not an error
     assert "opset 17" in said, said[-2000:]  # `opset=`: the default

@@ -54,7 +54,7 @@ class UsageError(Exception):
 
 HELP_FLAGS = ("-h", "--help", "-help")
 TASK_WORDS = ("detect", "segment", "classify", "pose", "obb")  # Ultralytics' `yolo TASK MODE ...`: here the task is detection
-EMPTY_IS_DEFAULT = ("opset", "channels_last")  # Ultralytics writes `opset=` / `channels_last=` for "the default"
+EMPTY_IS_DEFAULT = ("opset", "channels_last", "nms")  # Ultralytics writes `opset=` / `nms=` ... for "the default"
 
 
 def mode_word_error(mode: str, rest: list[str]) -> UsageError:
