@@ -194,8 +194,11 @@ def test_fuse_and_device_of_an_export_say_what_they_need(trained, tmp_path):
 def test_show_save_crop_and_show_conf_in_predict(trained, tmp_path, monkeypatch, caplog):
     """predict(show=True) and r.show() without a display: nothing shown, one warning, as Ultralytics; save_crop=True writes
     <run>/crops/<class>/<stem>.jpg; show_conf=False draws the boxes without their scores."""
+    from yolo_cb.engine.results import warn_no_display
+
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    warn_no_display.cache_clear()  # once per process: another test in this process may have had it already
     model = YOLO(trained["weights"])
     with caplog.at_level("WARNING", logger="yolo_cb"):
         results = model.predict(trained["images"], conf=CONF, imgsz=64, show=True, save_crop=True, project=str(tmp_path), name="p")
