@@ -3,7 +3,6 @@ edit), Ultralytics' `yolo checks` and `yolo copy-cfg`."""
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from yolo_cb.errors import UserError
 from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.settings_schema import usable_cpus
 from yolo_cb.version import __version__
 
 COPY_NAME = "default_copy.yaml"  # what copy-cfg writes in the working directory (Ultralytics' name)
@@ -42,10 +42,9 @@ def checks() -> None:
 
     from yolo_cb.engine.step import cpu_has_native_bf16
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cuda = f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU"
     rows = [("yolo-cb", __version__), ("python", sys.version.split()[0]), ("os", platform.platform()), ("torch", torch.__version__),
-            ("torchvision", _version("torchvision")), ("cpu", f"{_cpu_name()}, {cores} usable core(s)"),
+            ("torchvision", _version("torchvision")), ("cpu", f"{_cpu_name()}, {usable_cpus()} usable core(s)"),
             ("bf16 (CPU)", "native: amp=True trains in bf16" if cpu_has_native_bf16() else "not native: amp=True trains in fp32"),
             ("cuda", cuda), *((package, _version(package)) for package in OPTIONAL)]
     for name, value in rows:

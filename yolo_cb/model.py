@@ -28,7 +28,7 @@ from yolo_cb.engine import resume
 from yolo_cb.engine.backend import load_backend
 from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.engine.exporter import Exporter
-from yolo_cb.engine.predictor import Predictor
+from yolo_cb.engine.predictor import PREDICT_BATCH, Predictor
 from yolo_cb.engine.resume import finished_run
 from yolo_cb.engine.trainer import Trainer
 from yolo_cb.engine.trainer_hooks import refuse_unread_hooks
@@ -258,7 +258,7 @@ class YOLO(ModelHabits):
 
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
-                          base={"save": save, "batch": 1})  # batch 1 unless given, as Ultralytics' predict
+                          base={"save": save, "batch": PREDICT_BATCH})
         self._require_weights("predict", args.model)
         setup_logging(args.verbose)
         predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))

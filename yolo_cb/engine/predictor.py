@@ -35,6 +35,7 @@ from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
+PREDICT_BATCH = 1  # images per model call when batch= is not given (Ultralytics' predict default), not training's batch
 
 
 def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False, stride: int = 32) -> tuple[torch.Tensor, tuple]:
@@ -66,7 +67,7 @@ class Predictor:
     on_predict_postprocess_end (predictor.results), on_predict_batch_end, on_predict_end."""
 
     def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
-        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})}, base={"batch": 1})
+        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})}, base={"batch": PREDICT_BATCH})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.backend: Backend | None = None
         self.model: Backend | None = None  # the loaded model (as Ultralytics' predictor.model): names, stride, device, __call__
@@ -112,7 +113,7 @@ class Predictor:
     def batch_size(self, backend: Backend) -> int:
         """Images per model call: batch= (1 unless given, as Ultralytics' predict); a fixed-batch export runs its own
         batch, and another batch= given for it is refused (it would be ignored)."""
-        wanted = int(self.args.batch or 1)
+        wanted = int(self.args.batch or PREDICT_BATCH)
         if backend.batch and wanted not in (1, backend.batch):
             raise ConfigError(f"invalid value for 'batch': {wanted}; the model {backend.path or ''} was exported for a fixed batch of "
                               f"{backend.batch}: predict with batch={backend.batch} (or 1), or re-export with dynamic=True or batch={wanted}")
