@@ -209,3 +209,24 @@ def test_every_setting_our_code_reads_exists():
     assert len(reads) > 40
     unknown = {name: where for name, where in reads.items() if name not in keys and name not in methods and not name.startswith("_")}
     assert not unknown, f"settings read in the code but not in cfg/default.yaml: {unknown}"
+
+
+# nn/'s shared base: what every detector family builds on. Only the factory (nn.build) and the package's public names
+# (nn/__init__) know the families.
+NN_FAMILY_AWARE = {"yolo_cb.nn", "yolo_cb.nn.build"}
+
+
+def family_imports_of_the_shared_base(graph: dict[str, set[str]]) -> list[str]:
+    """'base -> family module' for every import of a family folder (nn/<family>/) by a module directly in nn/."""
+    families = {m.rsplit(".", 1)[0] for m in graph if m.startswith("yolo_cb.nn.") and m.count(".") == 3}
+    base = [m for m in graph if m.startswith("yolo_cb.nn.") and m.count(".") == 2 and m not in families and m not in NN_FAMILY_AWARE]
+    return [f"{m} -> {d}" for m in sorted(base) for d in sorted(graph[m]) if any(d == f or d.startswith(f + ".") for f in families)]
+
+
+def test_the_shared_nn_base_depends_on_no_family():
+    """nn/summary.py once imported the YOLOX loss, so every family's detector depended on YOLOX."""
+    graph = import_graph()
+    assert {"yolo_cb.nn.detector", "yolo_cb.nn.summary", "yolo_cb.nn.yolox.loss"} <= set(graph)
+    assert family_imports_of_the_shared_base(graph) == []
+    planted = {**graph, "yolo_cb.nn.summary": graph["yolo_cb.nn.summary"] | {"yolo_cb.nn.yolox.loss"}}
+    assert family_imports_of_the_shared_base(planted) == ["yolo_cb.nn.summary -> yolo_cb.nn.yolox.loss"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .yolox.loss import YOLOXLoss
-
 
 def count_layers(model: nn.Module) -> int:
-    """Leaf modules of the network (convolutions, norms, activations, pools, ...), the loss excluded."""
-    return sum(1 for m in model.modules() if not any(True for _ in m.children()) and not isinstance(m, YOLOXLoss))
+    """Leaf modules of the network (convolutions, norms, activations, pools, ...), the loss excluded: a detector's
+    `criterion`, whichever family's loss it is, is no layer of the network."""
+    criterion = getattr(model, "criterion", None)
+    loss_modules = {id(m) for m in criterion.modules()} if isinstance(criterion, nn.Module) else set()
+    return sum(1 for m in model.modules() if not any(True for _ in m.children()) and id(m) not in loss_modules)
 
 
 def count_params(model: nn.Module) -> int:
