@@ -17,6 +17,7 @@ import torch
 from torchvision.ops import batched_nms
 
 from yolo_cb.engine.predictor import preprocess
+from yolo_cb.utils.signal_stack import kept_signal_stack
 
 IMAGES = "/work/shared/datasets/coco8/images/val/*.jpg"  # the first one is timed
 
@@ -48,7 +49,8 @@ def runner(path, runtime, threads):
         name = session.get_inputs()[0].name
         return lambda x: session.run(None, {name: x})[0]
     xml = glob.glob(path + "/*.xml")[0]
-    compiled = ov.Core().compile_model(xml, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
+    with kept_signal_stack():  # OpenVINO's plugin swaps the signal stack (yolo_cb/utils/signal_stack.py)
+        compiled = ov.Core().compile_model(xml, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
     return lambda x: compiled(x)[compiled.output(0)]
 
 

@@ -15,6 +15,7 @@ from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.resume import ResumeError, check_same_dataset, dataset_fingerprint
 from yolo_cb.nn import YOLOCB
+from yolo_cb.utils.signal_stack import kept_signal_stack
 
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "a1e3525_tiny_last.pt"
@@ -98,7 +99,8 @@ def test_a_yolocb_checkpoint_of_4f22c48_exports_to_graphs_with_its_outputs(tmp_p
         assert same_as_4f22c48(script(x))
     openvino = pytest.importorskip("openvino")
     folder = Path(YOLO(str(old)).export(format="openvino", imgsz=64))
-    compiled = openvino.Core().compile_model(str(next(folder.glob("*.xml"))), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    with kept_signal_stack():  # OpenVINO's plugin swaps this process's signal stack (yolo_cb/utils/signal_stack.py)
+        compiled = openvino.Core().compile_model(str(next(folder.glob("*.xml"))), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     assert same_as_4f22c48(compiled(x.numpy())[compiled.output(0)])
 
 

@@ -23,6 +23,7 @@ from torch import nn
 from yolo_cb.engine.checkpoint import model_from_checkpoint
 from yolo_cb.errors import CheckpointError, ConfigError
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.signal_stack import kept_signal_stack
 
 TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
 OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model folder
@@ -295,8 +296,9 @@ class OpenVINOBackend(Backend):
         meta = parse_metadata(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
         config = {"INFERENCE_PRECISION_HINT": "f32", **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
         try:
-            core = ov.Core()
-            self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)
+            with kept_signal_stack():  # the CPU plugin swaps this thread's signal stack (utils/signal_stack.py)
+                core = ov.Core()
+                self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)
         except RuntimeError as error:
             raise bad_model_file(xml, "OpenVINO", f"OpenVINO cannot read it ({str(error).strip().splitlines()[0][:200]})") from None
         if device.type != "cpu":
