@@ -178,6 +178,27 @@ def test_model_device_ckpt_path_fuse_to_and_predictor(trained):
         assert torch.allclose(model.model(image), before, rtol=1e-3, atol=1e-4)  # the same function
 
 
+def test_save_writes_a_checkpoint_yolo_loads_back(trained, tmp_path):
+    """model.save(path), as Ultralytics: the loaded model's weights, architecture and names in a checkpoint that YOLO(path)
+    loads to the same function; marked finished (not a run to resume); a fused model is refused, nothing written."""
+    from yolo_cb.engine.checkpoint import load_checkpoint
+
+    model = YOLO(trained["weights"])
+    saved = model.save(tmp_path / "copy.pt")
+    assert saved == tmp_path / "copy.pt" and sorted(p.name for p in tmp_path.iterdir()) == ["copy.pt"]  # no temp file left
+    again = YOLO(str(saved))
+    image = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(again.model.eval()(image), model.model.eval()(image))
+    assert again.names == model.names and load_checkpoint(saved)["finished"] is True
+    built = YOLO("yolocb-n.yaml")  # a model YAML: its random weights, 80 classes
+    assert len(YOLO(str(built.save(tmp_path / "fresh.pt"))).names) == 80
+    model.fuse()
+    with pytest.raises(ValueError, match="unfused"):
+        model.save(tmp_path / "fused.pt")
+    assert not (tmp_path / "fused.pt").exists()
+
+
 def test_metrics_save_dir_is_the_validation_folder(trained, tmp_path):
     metrics = YOLO(trained["weights"]).val(data=trained["data"], imgsz=64, plots=False, project=str(tmp_path), name="v")
     assert metrics.save_dir == tmp_path / "v"

@@ -3,6 +3,8 @@ moving it, and the engine of the last predict (`model.predictor`). A mixin of th
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +41,22 @@ class ModelHabits:
         Ultralytics. Later val / predict / export still choose their device with device= (default: the best available)."""
         self._pytorch_module("to").to(*args, **kwargs)
         return self
+
+    def save(self, filename: str | Path = "saved_model.pt") -> Path:
+        """Write the loaded PyTorch model as a yolo-cb checkpoint that YOLO(filename) loads back, as Ultralytics'
+        model.save(): its weights, architecture and class names, marked finished (a start for training, not a run to
+        resume). Written atomically; a fused model is refused (its BatchNorms are gone, so no model could load it)."""
+        from yolo_cb.engine.checkpoint import Checkpoint, save_checkpoint
+        from yolo_cb.nn.blocks import ConvBNAct
+        from yolo_cb.version import __version__
+
+        module = self._pytorch_module("save")
+        if any(isinstance(m, ConvBNAct) and isinstance(m.bn, nn.Identity) for m in module.modules()):
+            raise ValueError("save() needs an unfused model: fuse() folded its BatchNorms into the convolutions; save before fuse()")
+        weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        ckpt = Checkpoint(model=weights, model_cfg=dict(module.cfg), names={int(k): str(v) for k, v in module.names.items()},
+                          finished=True, version=__version__, date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        return save_checkpoint(ckpt.to_dict(), Path(filename))
 
     def _pytorch_module(self, what: str) -> nn.Module:
         module = self.model
