@@ -19,6 +19,8 @@ import ctypes
 import sys
 from collections.abc import Iterator
 
+SS_DISABLE = 2  # <signal.h>: the thread has no alternate signal stack
+
 
 class _StackT(ctypes.Structure):
     """struct stack_t of <signal.h> (Linux): the stack's address, its flags, its size."""
@@ -35,14 +37,20 @@ def _sigaltstack():
     return function
 
 
+def _read(sigaltstack) -> _StackT:
+    """The calling thread's alternate signal stack as the kernel reports it."""
+    stack = _StackT()
+    sigaltstack(None, ctypes.byref(stack))
+    return stack
+
+
 def current_signal_stack() -> tuple[int, int] | None:
     """(address, size) of the calling thread's alternate signal stack; (0, 0) when it has none; None: not Linux."""
     sigaltstack = _sigaltstack()
     if sigaltstack is None:
         return None
-    stack = _StackT()
-    sigaltstack(None, ctypes.byref(stack))
-    return (stack.ss_sp or 0, stack.ss_size) if not stack.ss_flags & 2 else (0, 0)  # SS_DISABLE = 2
+    stack = _read(sigaltstack)
+    return (0, 0) if stack.ss_flags & SS_DISABLE else (stack.ss_sp or 0, stack.ss_size)
 
 
 @contextlib.contextmanager
@@ -52,10 +60,9 @@ def kept_signal_stack() -> Iterator[None]:
     if sigaltstack is None:
         yield
         return
-    before = _StackT()
-    sigaltstack(None, ctypes.byref(before))
+    before = _read(sigaltstack)
     try:
         yield
     finally:
-        before.ss_flags &= 2  # SS_ONSTACK is a state the kernel reports, not one to set; SS_DISABLE stays
+        before.ss_flags &= SS_DISABLE  # SS_ONSTACK is a state the kernel reports, not one to set
         sigaltstack(ctypes.byref(before), None)
