@@ -4,7 +4,7 @@ Ordering (names, after= / before=) and the record (calls, total / max time per c
 resolved when a callback is registered, so dispatch walks a ready tuple; each call is timed and counted.
 
     python benchmarks/callbacks.py
-    python benchmarks/callbacks.py --against ../main/yolo_cb/callbacks/engine.py   # A/B, interleaved, against another engine
+    python benchmarks/callbacks.py --against ../main/yolo_cb/callbacks/dispatch.py   # A/B, interleaved, against another engine
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(number: int = 200_000) -> None:
 
 
 def load_engine(path: str):
-    """The Callbacks class of another copy of yolo_cb/callbacks/engine.py (e.g. main's), for an A/B in one process."""
+    """The Callbacks class of another copy of yolo_cb/callbacks/dispatch.py (e.g. main's), for an A/B in one process."""
     spec = importlib.util.spec_from_file_location("other_engine", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["other_engine"] = module
@@ -81,6 +81,6 @@ def against(path: str, rounds: int = 7, number: int = 50_000) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", help="path of another yolo_cb/callbacks/engine.py to compare with, interleaved")
+    parser.add_argument("--against", help="path of another yolo_cb/callbacks/dispatch.py to compare with, interleaved")
     options = parser.parse_args()
     against(options.against) if options.against else main()

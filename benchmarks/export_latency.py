@@ -16,7 +16,7 @@ import openvino as ov
 import torch
 from torchvision.ops import batched_nms
 
-from yolo_cb.engine.predictor import preprocess
+from yolo_cb.prediction.predictor import preprocess
 from yolo_cb.utils.signal_stack import kept_signal_stack
 
 IMAGES = "/work/shared/datasets/coco8/images/val/*.jpg"  # the first one is timed

@@ -16,7 +16,7 @@ def ultralytics_exports():
 
 
 def our_exports(cfg: str):
-    from yolo_cb.engine.exporter import Exporter
+    from yolo_cb.export.exporter import Exporter
     from yolo_cb.nn import build_model
 
     for size in (320, 640):

@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout without installing
 
-from yolo_cb.engine.backend import load_backend
-from yolo_cb.engine.exporter import export_onnx, sample_image
-from yolo_cb.engine.predictor import preprocess
+from yolo_cb.export.exporter import export_onnx, sample_image
 from yolo_cb.nn import build_model
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
+from yolo_cb.prediction.backend import load_backend
+from yolo_cb.prediction.predictor import preprocess
 
 
 def time_backend(backend, img: np.ndarray, imgsz: int, warmup: int, runs: int) -> dict[str, float]:

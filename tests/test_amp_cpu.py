@@ -8,7 +8,7 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.engine.step import amp_plan, cpu_has_native_bf16
+from yolo_cb.training.step import amp_plan, cpu_has_native_bf16
 
 
 def conv_dtypes_in_training(data: str, project: str, amp: bool) -> set[torch.dtype]:

@@ -16,12 +16,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),  # small and boring, no other yolo_cb
     ("yolo_cb.callbacks.events", "yolo_cb.callbacks.order", "yolo_cb.callbacks.event_list", "yolo_cb.callbacks.signature"),  # event names; order; list view; what a callback must accept
-    ("yolo_cb.callbacks.engine",),  # the dispatcher
+    ("yolo_cb.callbacks.dispatch",),  # the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.user_settings", "yolo_cb.ultralytics_keys", "yolo_cb.config"),  # the settings: parsed, typed, checked; Ultralytics' keys we do not have
-    ("yolo_cb.engine",),  # trainer, validator, predictor, exporter, checkpoints, official weights (engine.weights)
+    ("yolo_cb.checkpoints",),  # our checkpoint format (typed, atomic, weights_only) and the official weights
+    ("yolo_cb.recipe",),  # the training recipe's parts: optimizer groups, EMA, freezing, the monitored metric, stop causes
+    ("yolo_cb.prediction",),  # model files of every format as backends, sources, the predictor and its Results
+    ("yolo_cb.evaluation",),  # the validator, its metrics, COCO JSON, per-class tables, several validation sets
+    ("yolo_cb.export",),  # the exporter, each format's conversion, NMS in the graph, the check after, the benchmark
+    ("yolo_cb.training",),  # the trainer: planning a run, building its parts, the step, resume, signals, saving
     ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
     # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
     ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
@@ -31,6 +36,30 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb", "yolo_cb.__main__"),  # the package root: __version__ and a lazy YOLO
 )
 ROOT = "yolo_cb"
+# Inside each package, its modules bottom first: a module imports only modules of its package listed before it (a
+# subpackage counts as one member of its parent). The package's __init__ sits above its members.
+INSIDE: dict[str, tuple[str, ...]] = {
+    "yolo_cb.utils": ("device", "dist", "files", "log", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
+                      "plotting", "results_plot", "run_lock"),
+    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "lr_settings", "record",
+                          "spec_check"),
+    "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
+    "yolo_cb.nn.yolocb": ("assigner", "backbone", "head", "loss", "model"),
+    "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
+    "yolo_cb.data": ("transforms", "verify", "npy_cache", "download", "synthetic", "dataset", "resolve", "loader"),
+    "yolo_cb.checkpoints": ("megvii", "checkpoint", "weights"),
+    "yolo_cb.recipe": ("ema", "freeze", "monitor", "optim", "stop"),
+    "yolo_cb.prediction": ("backend", "results", "sources", "predictor"),
+    "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
+    "yolo_cb.export": ("nms", "formats", "calibration_images", "convert", "verify", "exporter", "benchmark"),
+    "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "signals", "step", "build", "resume",
+                         "resume_state", "checkpointer", "place", "trainer"),
+    "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
+                             "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
+    "yolo_cb.assembly": ("lr_schedule", "average_best", "unfreeze", "builtin", "catalog", "assemble"),
+    "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),
+}
+MAX_MODULES_PER_PACKAGE = 15  # a folder past this is a drawer: split it by concern
 
 
 def module_name(path: Path) -> str:
@@ -71,7 +100,7 @@ def _imports_by_name(node: ast.AST) -> bool:
 
 
 def package_of(module: str) -> str:
-    """The folder a module lives in, as drawn: yolo_cb.engine for yolo_cb.engine.trainer; a top-level module is its own."""
+    """The folder a module lives in, as drawn: yolo_cb.training for yolo_cb.training.trainer; a top-level module is its own."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
@@ -132,9 +161,9 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_the_folders_import_each_other_in_no_cycle():
-    """As the import graph is drawn folder by folder: callbacks/ never imports engine/ back, nor utils/ errors back."""
+    """As the import graph is drawn folder by folder: callbacks/ never imports training/ back, nor utils/ errors back."""
     folders = package_graph(import_graph())
-    assert {"yolo_cb.callbacks", "yolo_cb.engine", "yolo_cb.utils", "yolo_cb.assembly"} <= set(folders)
+    assert {"yolo_cb.callbacks", "yolo_cb.training", "yolo_cb.utils", "yolo_cb.assembly"} <= set(folders)
     assert find_cycle(folders) is None, f"folders in a cycle: {' -> '.join(find_cycle(folders))}"
 
 
@@ -164,10 +193,10 @@ def test_the_checker_sees_a_planted_cycle_and_an_upward_arrow():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     planted = ast.parse('import importlib\nimportlib.import_module("yolo_cb.model")\n')
     assert any(_imports_by_name(node) for node in ast.walk(planted))  # a dynamic import of a literal name is seen
-    assert package_graph({"yolo_cb.callbacks.x": {"yolo_cb.engine.y", "yolo_cb.callbacks.z"}, "yolo_cb.engine.y": {"yolo_cb.callbacks.z"}}) == {
-        "yolo_cb.callbacks": {"yolo_cb.engine"}, "yolo_cb.engine": {"yolo_cb.callbacks"}}
+    assert package_graph({"yolo_cb.callbacks.x": {"yolo_cb.training.y", "yolo_cb.callbacks.z"}, "yolo_cb.training.y": {"yolo_cb.callbacks.z"}}) == {
+        "yolo_cb.callbacks": {"yolo_cb.training"}, "yolo_cb.training": {"yolo_cb.callbacks"}}
     assert layer_of("yolo_cb.utils.draw") == 0 and layer_of("yolo_cb.callbacks.registry") == 3
-    assert layer_of("yolo_cb.launch") > layer_of("yolo_cb.assembly.builtin") > layer_of("yolo_cb.engine.checkpoint")
+    assert layer_of("yolo_cb.launch") > layer_of("yolo_cb.assembly.builtin") > layer_of("yolo_cb.checkpoints.checkpoint")
     assert layer_of("yolo_cb") == len(LAYERS) - 1 and layer_of("yolo_cb.nowhere") is None
     assert upward_imports({"yolo_cb.utils.files": {"yolo_cb.model"}, "yolo_cb.model": {"yolo_cb.utils.files"}}) == [
         "yolo_cb.utils.files -> yolo_cb.model"]
@@ -177,7 +206,7 @@ def test_the_callbacks_package_names_no_integration():
     """An integration is one file: the callbacks package (and the trainer) never mention one by name."""
     integrations = {p.stem for p in (PACKAGE / "integrations").glob("*.py") if p.stem != "__init__"}
     assert {"mlflow", "tensorboard", "wandb"} <= integrations
-    for path in [*(PACKAGE / "callbacks").glob("*.py"), PACKAGE / "engine" / "trainer.py"]:
+    for path in [*(PACKAGE / "callbacks").glob("*.py"), PACKAGE / "training" / "trainer.py"]:
         source = path.read_text()
         named = sorted(name for name in integrations if f'"{name}"' in source or f"'{name}'" in source or f"integrations.{name}" in source)
         assert not named, f"{path.relative_to(PACKAGE.parent)} names the integrations {named}"
@@ -230,3 +259,54 @@ def test_the_shared_nn_base_depends_on_no_family():
     assert family_imports_of_the_shared_base(graph) == []
     planted = {**graph, "yolo_cb.nn.summary": graph["yolo_cb.nn.summary"] | {"yolo_cb.nn.yolox.loss"}}
     assert family_imports_of_the_shared_base(planted) == ["yolo_cb.nn.summary -> yolo_cb.nn.yolox.loss"]
+
+
+def member_of(module: str, package: str) -> str | None:
+    """The member of `package` that `module` is or lies in (its next name part); None for the package itself or outside it."""
+    if not module.startswith(package + "."):
+        return None
+    return module[len(package) + 1:].split(".")[0]
+
+
+def imports_against_the_order(graph: dict[str, set[str]], inside: dict[str, tuple[str, ...]]) -> list[str]:
+    """'a -> b' for every import inside a package of a member not listed before the importer's (or one not listed)."""
+    found = []
+    for package, order in inside.items():
+        for module, deps in sorted(graph.items()):
+            member = member_of(module, package)
+            for dep in sorted(deps):
+                target = member_of(dep, package)
+                if member is None or target is None or target == member:
+                    continue
+                if member not in order or target not in order or order.index(target) > order.index(member):
+                    found.append(f"{module} -> {dep}")
+    return found
+
+
+def test_modules_inside_each_package_import_only_those_listed_before_them():
+    graph = import_graph()
+    members = {package: {member_of(m, package) for m in graph} - {None} for package in INSIDE}
+    unlisted = {package: sorted(found - set(INSIDE[package])) for package, found in members.items() if found - set(INSIDE[package])}
+    assert not unlisted, f"modules missing from INSIDE in tests/test_architecture.py (place them): {unlisted}"
+    stale = {package: sorted(set(order) - members[package]) for package, order in INSIDE.items() if set(order) - members[package]}
+    assert not stale, f"INSIDE lists modules that no longer exist: {stale}"
+    against = imports_against_the_order(graph, INSIDE)
+    assert not against, "imports against a package's order (INSIDE):\n" + "\n".join(against)
+
+
+def test_every_package_with_modules_is_ordered_inside_and_none_is_a_drawer():
+    graph = import_graph()
+    packages = {m for m in graph if (PACKAGE / m.replace("yolo_cb.", "", 1).replace(".", "/") / "__init__.py").exists()} - {ROOT}
+    assert packages <= set(INSIDE), f"packages with no order in INSIDE: {sorted(packages - set(INSIDE))}"
+    sizes = {p: len(list((PACKAGE / p.replace("yolo_cb.", "", 1).replace(".", "/")).glob("*.py"))) for p in packages}
+    drawers = {p: n for p, n in sizes.items() if n > MAX_MODULES_PER_PACKAGE}
+    assert not drawers, f"packages over {MAX_MODULES_PER_PACKAGE} modules (split them by concern): {drawers}"
+
+
+def test_the_order_check_sees_a_planted_upward_import_inside_a_package():
+    graph = import_graph()
+    assert imports_against_the_order(graph, INSIDE) == []
+    planted = {**graph, "yolo_cb.training.step": graph["yolo_cb.training.step"] | {"yolo_cb.training.trainer"}}
+    assert imports_against_the_order(planted, INSIDE) == ["yolo_cb.training.step -> yolo_cb.training.trainer"]
+    nested = {**graph, "yolo_cb.nn.boxes": graph["yolo_cb.nn.boxes"] | {"yolo_cb.nn.yolox.loss"}}
+    assert imports_against_the_order(nested, INSIDE) == ["yolo_cb.nn.boxes -> yolo_cb.nn.yolox.loss"]

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from yolo_cb.engine.backend import load_backend, parse_names, select_device
-from yolo_cb.engine.checkpoint import model_from_checkpoint, save_checkpoint
-from yolo_cb.engine.exporter import export_onnx
+from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.export.exporter import export_onnx
 from yolo_cb.nn import build_model
+from yolo_cb.prediction.backend import load_backend, parse_names
+from yolo_cb.utils.device import select_device
 
 NAMES = {0: "a", 1: "b", 2: "c"}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.callbacks.engine import CallbackError
-from yolo_cb.engine.run_state import PHASES
+from yolo_cb.callbacks.dispatch import CallbackError
+from yolo_cb.training.run_state import PHASES
 
 pytestmark = pytest.mark.slow
 

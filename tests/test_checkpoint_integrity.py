@@ -13,7 +13,7 @@ import test_checkpoint_trust
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from yolo_cb.errors import UserError
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The typed checkpoint (yolo_cb.engine.checkpoint.Checkpoint): the same plain dict on disk, defaults for older files,
+"""The typed checkpoint (yolo_cb.checkpoints.checkpoint.Checkpoint): the same plain dict on disk, defaults for older files,
 a newer layout refused in one line."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo_cb.engine.checkpoint import (
+from yolo_cb.checkpoints.checkpoint import (
     CHECKSUM_KEY,
     FORMAT_VERSION,
     Checkpoint,

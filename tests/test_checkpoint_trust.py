@@ -12,7 +12,7 @@ import yaml
 from test_resume_safety import SMALL, cli, kv, write_data
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

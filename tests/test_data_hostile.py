@@ -397,8 +397,8 @@ def test_symlink_loop_in_path_or_datasets_dir_is_one_line(tmp_path, shapes_small
 
 def test_split_without_its_key_names_the_yaml_and_its_keys(tmp_path, shapes_small_yaml):
     from yolo_cb.config import get_config
-    from yolo_cb.engine.validator import Validator
     from yolo_cb.errors import DataError
+    from yolo_cb.evaluation.validator import Validator
     from yolo_cb.nn import build_model
 
     args = get_config({"data": str(shapes_small_yaml), "imgsz": 64, "batch": 2, "workers": 0, "split": "test", "plots": False,

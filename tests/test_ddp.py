@@ -43,7 +43,7 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     markers.mkdir()
 
     def record_writes(trainer):  # a closure over markers: serialised by value to each worker
-        import yolo_cb.engine.checkpoint as ckpt_mod
+        import yolo_cb.checkpoints.checkpoint as ckpt_mod
         import yolo_cb.utils.files as files_mod
 
         original = files_mod.atomic_write_bytes
@@ -116,7 +116,7 @@ def test_ddp_resume_from_rank0_checkpoint_across_an_unfreeze(tiny, tmp_path):
     (an unfrozen tensor DDP did not all-reduce would differ between the ranks)."""
     import torch
 
-    from yolo_cb.engine.checkpoint import load_checkpoint
+    from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
     frozen = ("backbone.backbone.stem.", "backbone.backbone.dark2.")
     run = {**tiny, "epochs": 2, "nproc": 2, "device": "cpu", "freeze": 2, "unfreeze_epoch": 1, "save_initial": True, "save_period": 1}

@@ -12,7 +12,7 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 # min_delta=10: only the first epoch improves, so patience=1 stops after epoch 2 of 6; close_mosaic=2: epochs 5-6 are the stage

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from yolo_cb.engine.epoch_record import EpochRecord
+from yolo_cb.training.epoch_record import EpochRecord
 
 
 def test_row_and_scalars():

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.engine.backend import load_backend
-from yolo_cb.engine.checkpoint import model_from_checkpoint, save_checkpoint
-from yolo_cb.engine.exporter import Exporter, ExportError, compare, dataset_image, sample_image, verify_onnx
-from yolo_cb.engine.predictor import Predictor, preprocess
+from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.export.exporter import Exporter, ExportError, compare, dataset_image, sample_image, verify_onnx
 from yolo_cb.nn import build_model
+from yolo_cb.prediction.backend import load_backend
+from yolo_cb.prediction.predictor import Predictor, preprocess
 
 NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "star"}
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import torch
 
 import yolo_cb.nn
 from yolo_cb import YOLO
-from yolo_cb.engine.export_verify import MAP_TOL, side_by_side
+from yolo_cb.export.verify import MAP_TOL, side_by_side
 
 pytest.importorskip("openvino")
 

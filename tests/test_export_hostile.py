@@ -19,8 +19,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from yolo_cb.engine.checkpoint import save_checkpoint
-from yolo_cb.engine.exporter import Exporter
+from yolo_cb.checkpoints.checkpoint import save_checkpoint
+from yolo_cb.export.exporter import Exporter
 from yolo_cb.nn import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def hook(event, args):
         os.kill(os.getpid(), signal.SIGKILL)
 
 sys.addaudithook(hook)
-from yolo_cb.engine.exporter import Exporter
+from yolo_cb.export.exporter import Exporter
 Exporter({"imgsz": 64, "format": "onnx"})(weights)
 """
 
@@ -117,7 +117,7 @@ def test_kill_during_export_keeps_the_previous_export(good_export, library_lefto
 
 def test_a_live_exports_temp_file_is_not_removed(good_export):
     """Only temp files of dead processes are stale: one named with a live pid (this test's) stays."""
-    from yolo_cb.engine.export_formats import clean_stale_temps
+    from yolo_cb.export.formats import clean_stale_temps
 
     live = good_export["folder"] / f".m.onnx.{os.getppid()}.0123abcd.tmp"
     live.write_bytes(b"in progress")
@@ -178,7 +178,7 @@ def test_opset_the_exporter_cannot_write_is_one_line(good_export, tmp_path, opse
 
 def test_opset_range_is_what_the_exporter_writes(good_export, tmp_path):
     """The range's ends are real: the lowest and highest accepted opsets export and load (dynamic needs 11)."""
-    from yolo_cb.engine.export_formats import OPSET_MIN_DYNAMIC, OPSET_MIN_STATIC, ExportSettingError, max_opset
+    from yolo_cb.export.formats import OPSET_MIN_DYNAMIC, OPSET_MIN_STATIC, ExportSettingError, max_opset
 
     weights = tmp_path / "ends.pt"
     weights.write_bytes(good_export["weights"].read_bytes())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import pytest
 from test_bad_input import cli
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SETTINGS = ("unfreeze_epoch", "unfreeze_warmup", "per_class", "worst_batches", "worst_source", "average_best", "restore_best",

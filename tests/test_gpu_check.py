@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from yolo_cb.engine.step import cpu_has_native_bf16
+from yolo_cb.training.step import cpu_has_native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("train", "loader", "ultralytics", "ddp", "export")

@@ -11,12 +11,12 @@ import torch
 
 from yolo_cb import YOLO
 from yolo_cb.config import get_config
-from yolo_cb.engine import build
-from yolo_cb.engine.ema import ModelEMA
-from yolo_cb.engine.place import ddp_backend, rank_gpu
 from yolo_cb.errors import ConfigError
 from yolo_cb.launch import gpu_list
 from yolo_cb.nn import build_model
+from yolo_cb.recipe.ema import ModelEMA
+from yolo_cb.training import build
+from yolo_cb.training.place import ddp_backend, rank_gpu
 
 TARGETS = torch.tensor([[0, 1, 32.0, 32.0, 20.0, 16.0], [1, 2, 20.0, 40.0, 12.0, 12.0]])
 
@@ -104,7 +104,7 @@ def test_compile_off_and_a_bad_value():
 
 
 def test_one_host_copy_per_batch_gives_the_items_and_the_finite_check():
-    from yolo_cb.engine.step import BatchStep
+    from yolo_cb.training.step import BatchStep
 
     class Criterion:
         loss_names = ("box", "cls")

@@ -12,7 +12,7 @@ import torch
 
 import yolo_cb.nn
 from yolo_cb import YOLO
-from yolo_cb.callbacks.engine import CallbackError
+from yolo_cb.callbacks.dispatch import CallbackError
 from yolo_cb.integrations.onnx_check import OnnxCheck, onnx_roundtrip
 
 

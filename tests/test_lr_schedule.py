@@ -16,7 +16,7 @@ from torch import nn
 from yolo_cb import YOLO
 from yolo_cb.assembly.lr_schedule import LRSchedule
 from yolo_cb.config import ConfigError, get_config
-from yolo_cb.engine.optim import build_optimizer
+from yolo_cb.recipe.optim import build_optimizer
 
 
 # --- the former trainer's formulas, written out here (not taken from the new code) --------------------------------------

@@ -10,11 +10,11 @@ from fixtures.make_4f22c48_compat import lists, one_set, two_sets, write_yaml
 from test_resume_safety import cli, write_data
 
 from yolo_cb import YOLO
+from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.data.resolve import check_data
-from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from yolo_cb.engine.ema import unwrap
-from yolo_cb.engine.resume import ResumeError, check_same_dataset, dataset_fingerprint
 from yolo_cb.nn import YOLOCB
+from yolo_cb.recipe.ema import unwrap
+from yolo_cb.training.resume import ResumeError, check_same_dataset, dataset_fingerprint
 from yolo_cb.utils.signal_stack import kept_signal_stack
 
 pytestmark = pytest.mark.slow

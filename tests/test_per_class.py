@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, TINY
 
 from yolo_cb import YOLO
-from yolo_cb.engine.per_class import AUTO_MAX_CLASSES, wanted
+from yolo_cb.evaluation.per_class import AUTO_MAX_CLASSES, wanted
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.callbacks.events import PREDICTOR_EVENTS
-from yolo_cb.engine.checkpoint import model_from_checkpoint, save_checkpoint
-from yolo_cb.engine.exporter import export_onnx, sample_image
-from yolo_cb.engine.predictor import Predictor
-from yolo_cb.engine.results import Results
+from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.export.exporter import export_onnx, sample_image
 from yolo_cb.nn import build_model
+from yolo_cb.prediction.predictor import Predictor
+from yolo_cb.prediction.results import Results
 
 NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "star"}
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolo_cb.engine.checkpoint import save_checkpoint
+from yolo_cb.checkpoints.checkpoint import save_checkpoint
 from yolo_cb.nn import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ fine-tuning to another class count, and `yolo-cb val` on a Megvii file.
 The oracle (../shared/golden/yolox, or $YOLO_CB_GOLDEN_DIR): for nano (416) and s (640), a checkpoint in Megvii's file
 format with random weights and randomised BatchNorm statistics, a letterboxed input (BGR, 0-255, as Megvii's model takes
 it) and the decoded output Megvii's code produced for it. Our pipelines take RGB in [0, 1]; the conversion folds that
-into the stem (yolo_cb.nn.yolox.megvii), so the converted model gets `input.flip(1) / 255`.
+into the stem (yolo_cb.checkpoints.megvii), so the converted model gets `input.flip(1) / 255`.
 
 Tolerance: 1e-4 absolute on every output (boxes in pixels up to ~630, scores ~0.01); measured 3.1e-5 (nano) and
 6.1e-5 (s), one float32 ulp of the largest coordinates, for the raw load, the converted and fused model, and ONNX.
@@ -36,13 +36,12 @@ import torch
 from shared_data import GOLDEN_DIR
 
 from yolo_cb import YOLO
-from yolo_cb.engine import weights
-from yolo_cb.engine.backend import load_backend
-from yolo_cb.engine.checkpoint import UnsafeCheckpointError, load_checkpoint, model_from_checkpoint
+from yolo_cb.checkpoints import megvii, weights
+from yolo_cb.checkpoints.checkpoint import UnsafeCheckpointError, load_checkpoint, model_from_checkpoint
 from yolo_cb.errors import CheckpointError
 from yolo_cb.nn import build_model
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
-from yolo_cb.nn.yolox import megvii
+from yolo_cb.prediction.backend import load_backend
 
 VARIANTS = {"nano": ("yolox-nano", 416, 912_159), "s": ("yolox-s", 640, 8_968_255)}  # name, Megvii's input size, parameters
 TOL = 1e-4
@@ -309,7 +308,7 @@ def test_finetune_from_megvii_nano_to_shapes(files, tiny, caplog):
     start = {}
 
     def snapshot(trainer):
-        from yolo_cb.engine.ema import unwrap
+        from yolo_cb.recipe.ema import unwrap
 
         start.update({k: v.detach().clone() for k, v in unwrap(trainer.model).state_dict().items()})
 
@@ -330,7 +329,7 @@ def test_finetune_from_megvii_nano_to_shapes(files, tiny, caplog):
 
 def test_pretrained_megvii_file_initialises_a_yaml_model(files, tmp_path):
     from yolo_cb.config import get_config
-    from yolo_cb.engine.trainer import Trainer
+    from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"model": "yolox-nano.yaml", "pretrained": str(files["nano"]), "project": str(tmp_path)}))
     trainer.data = {"nc": 4, "names": {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}}

@@ -12,7 +12,7 @@ from conftest import TINY
 from test_bad_input import cli
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 LRS = ("lr/pg0", "lr/pg1", "lr/pg2")

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from yolo_cb import YOLO
-from yolo_cb.callbacks.engine import CallbackError
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.callbacks.dispatch import CallbackError
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.paths import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow

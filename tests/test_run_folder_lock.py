@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_resume_safety import SMALL, cli, kv, write_data
 
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.utils.files import increment_path
 from yolo_cb.utils.run_lock import RunFolderInUse, lock_run_folder
 

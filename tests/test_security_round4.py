@@ -112,7 +112,7 @@ def test_atomic_writes_never_open_a_link_at_the_temp_or_the_final_name(tmp_path,
 
 
 def test_an_export_temp_file_swapped_for_a_link_is_not_written_through(tmp_path):
-    from yolo_cb.engine.export_formats import StagedFile
+    from yolo_cb.export.formats import StagedFile
 
     outside = tmp_path / "outside.bin"
     outside.write_bytes(OUTSIDE)
@@ -179,7 +179,7 @@ def test_a_checkpoints_huge_imgsz_does_not_become_vals_default(planted_run, tmp_
 
 # --- 4. class names printed escaped ----------------------------------------------------------------------------------
 def test_the_per_class_table_prints_names_escaped_and_keeps_them(caplog):
-    from yolo_cb.engine.validator import Validator
+    from yolo_cb.evaluation.validator import Validator
 
     rows = [{"name": n, "images": 1, "instances": 1, "precision": 0.5, "recall": 0.5, "mAP50": 0.5, "mAP50-95": 0.5} for n in ESCAPES]
     fake = SimpleNamespace(det_metrics=SimpleNamespace(nt=np.array([4]), mp=0.5, mr=0.5, map50=0.5, map=0.5), seen=4, nc=4,
@@ -193,8 +193,8 @@ def test_the_per_class_table_prints_names_escaped_and_keeps_them(caplog):
 
 
 def test_predict_and_resume_messages_print_names_escaped():
-    from yolo_cb.engine.results import Results
-    from yolo_cb.engine.resume import describe_dataset
+    from yolo_cb.prediction.results import Results
+    from yolo_cb.training.resume import describe_dataset
 
     names = dict(enumerate(ESCAPES))
     result = Results(np.zeros((8, 8, 3), np.uint8), "a.jpg", names, boxes=torch.tensor([[0, 0, 4, 4, 0.9, 0], [1, 1, 5, 5, 0.8, 1]]))

@@ -7,8 +7,8 @@ import pytest
 
 import yolo_cb.cli
 import yolo_cb.config
-import yolo_cb.engine.resume
 import yolo_cb.model
+import yolo_cb.training.resume
 from yolo_cb import YOLO
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def resolutions(monkeypatch):
         calls.append(args)
         return original(*args, **kwargs)
 
-    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.engine.resume, yolo_cb.cli):
+    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.training.resume, yolo_cb.cli):
         monkeypatch.setattr(module, "get_config", counted)
     return calls
 

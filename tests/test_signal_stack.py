@@ -44,7 +44,7 @@ print("alive after SIGCHLD", flush=True)
 """
 RAW = """    core = ov.Core()
     return core, core.compile_model(f"{folder}/m.xml", "CPU")"""
-YOLO_CB = """    from yolo_cb.engine.backend import load_backend
+YOLO_CB = """    from yolo_cb.prediction.backend import load_backend
     return load_backend(folder)"""
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.integrations.stage_switch import switch_epoch
 
 COLOURS = [(b, g, r) for b in (20, 230) for g in (40, 200) for r in (10, 140, 250)]  # 12 distinct BGR colours, none grey

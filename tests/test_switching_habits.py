@@ -11,11 +11,11 @@ import pytest
 
 from yolo_cb import YOLO
 from yolo_cb.callbacks import CallbackError, Callbacks
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import ConfigError
-from yolo_cb.engine.checkpoint import load_checkpoint
-from yolo_cb.engine.trainer import Trainer
-from yolo_cb.engine.validator import Validator
+from yolo_cb.evaluation.validator import Validator
 from yolo_cb.model import DetectionTrainer
+from yolo_cb.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from yolo_cb.engine.exporter import Exporter
+from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from yolo_cb.export.exporter import Exporter
 from yolo_cb.nn import YOLOCB, YOLOX, build_model
 from yolo_cb.nn.yolocb.assigner import TaskAlignedAssigner, pad_targets, pairwise_iou
 from yolo_cb.nn.yolocb.head import REG_MAX, boxes_to_distances, dfl_expectation, distances_to_boxes

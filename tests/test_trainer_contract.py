@@ -1,6 +1,6 @@
 """The trainer's public names: what callbacks, integrations, tune and the docs' examples read (and write) on `trainer`.
 
-The trainer keeps its state in `trainer.state` (yolo_cb/engine/run_state.py) and its parts in collaborators; these names
+The trainer keeps its state in `trainer.state` (yolo_cb/training/run_state.py) and its parts in collaborators; these names
 stay readable on the trainer itself, and the writes that have an effect today keep it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.engine.run_state import RunState
-from yolo_cb.engine.stop import StopCause
+from yolo_cb.recipe.stop import StopCause
+from yolo_cb.training.run_state import RunState
 
 # found by grepping `trainer.` in yolo_cb/callbacks, yolo_cb/integrations, yolo_cb/tune, tests/cbpkg, docs and tests
 CALLBACK_NAMES = (
@@ -74,7 +74,7 @@ def test_every_trainer_name_our_callbacks_read_is_declared():
     """Each name our own callbacks, integrations and tune read on a trainer is declared: a property of the class, or one
     of the attributes its __init__ sets; and is in CALLBACK_NAMES, the list this file pins."""
     from yolo_cb.config import get_config
-    from yolo_cb.engine.trainer import Trainer
+    from yolo_cb.training.trainer import Trainer
 
     read = names_read_on_trainer(Path(__file__).resolve().parents[1])
     assert len(read) > 30  # the scan finds the reads (it would pass vacuously on a wrong root)
@@ -112,7 +112,7 @@ def test_stop_set_by_a_callback_stops_the_run(tiny):
 
 def test_the_names_write_the_run_state():
     from yolo_cb.config import get_config
-    from yolo_cb.engine.trainer import Trainer
+    from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"epochs": 3}))
     assert trainer.epochs == trainer.state.progress.epochs == 3 and trainer.completed_epoch == -1

@@ -11,7 +11,7 @@ import torch
 from yolo_cb import YOLO
 from yolo_cb.callbacks import CallbackError
 from yolo_cb.callbacks.events import TRAINER_EVENTS, VALIDATOR_EVENTS
-from yolo_cb.engine.stop import StopCause
+from yolo_cb.recipe.stop import StopCause
 
 pytestmark = pytest.mark.slow
 

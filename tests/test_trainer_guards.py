@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.engine.checkpoint import load_checkpoint
-from yolo_cb.engine.trainer import NonFiniteLossError
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError
+from yolo_cb.training.trainer import NonFiniteLossError
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from yolo_cb import YOLO
 from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY, register_callback
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import ConfigError, get_config
-from yolo_cb.engine.checkpoint import load_checkpoint
 
 
 def weights(run):
@@ -47,8 +47,8 @@ def test_frozen_tensors_are_bit_identical_after_training(tiny, tmp_path, caplog,
 
 def test_freeze_setting_is_strict():
     assert get_config({"freeze": "5"}).freeze == 5 and get_config({"freeze": "[backbone.stem]"}).freeze == ["backbone.stem"]
-    from yolo_cb.engine.freeze import freeze_layers, unfreeze_modules
     from yolo_cb.nn import build_model
+    from yolo_cb.recipe.freeze import freeze_layers, unfreeze_modules
 
     net = build_model("yolox-nano.yaml", nc=2, verbose=False, imgsz=64)
     with pytest.raises(ConfigError, match="has 14 layers"):
@@ -94,7 +94,7 @@ def test_monitor_and_mode_pick_best_pt(tiny, tmp_path):
 
 
 def test_monitor_improvement_rules():
-    from yolo_cb.engine.monitor import Monitor
+    from yolo_cb.recipe.monitor import Monitor
 
     assert Monitor("val/iou_loss").mode == "min" and Monitor("fitness").mode == "max"
     m = Monitor("fitness", "max", min_delta=0.01)
@@ -205,7 +205,7 @@ def test_bad_training_control_settings_on_the_cli_are_one_line(tmp_path, shapes_
 
 
 def test_the_trainer_builds_the_loss_from_the_loss_settings(tmp_path):
-    from yolo_cb.engine.trainer import Trainer
+    from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"model": "yolox-nano.yaml", "box": 2.5, "iou_type": "giou", "project": str(tmp_path)}))
     trainer.data = {"nc": 2, "names": {0: "a", 1: "b"}}
@@ -219,9 +219,9 @@ def test_the_trainer_builds_the_loss_from_the_loss_settings(tmp_path):
 
 
 def test_yolox_loss_settings_are_refused_for_a_model_that_does_not_read_them():
-    from yolo_cb.engine.trainer import refuse_unread_loss_settings
     from yolo_cb.nn.yolocb.loss import YOLOCBLoss
     from yolo_cb.nn.yolox.loss import YOLOXLoss
+    from yolo_cb.training.trainer import refuse_unread_loss_settings
 
     yolocb, yolox = YOLOCBLoss(nc=4, reg_max=16), YOLOXLoss(nc=4)
     refuse_unread_loss_settings(get_config({}), yolocb)  # the defaults pass

@@ -20,8 +20,8 @@ from shared_data import SHARED
 
 from yolo_cb import YOLO
 from yolo_cb.callbacks import CallbackError, Callbacks
-from yolo_cb.engine.trainer import Trainer
-from yolo_cb.engine.val_metrics import DetectionMetrics
+from yolo_cb.evaluation.val_metrics import DetectionMetrics
+from yolo_cb.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

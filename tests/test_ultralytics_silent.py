@@ -181,7 +181,7 @@ def test_model_device_ckpt_path_fuse_to_and_predictor(trained):
 def test_save_writes_a_checkpoint_yolo_loads_back(trained, tmp_path):
     """model.save(path), as Ultralytics: the loaded model's weights, architecture and names in a checkpoint that YOLO(path)
     loads to the same function; marked finished (not a run to resume); a fused model is refused, nothing written."""
-    from yolo_cb.engine.checkpoint import load_checkpoint
+    from yolo_cb.checkpoints.checkpoint import load_checkpoint
 
     model = YOLO(trained["weights"])
     saved = model.save(tmp_path / "copy.pt")
@@ -215,7 +215,7 @@ def test_fuse_and_device_of_an_export_say_what_they_need(trained, tmp_path):
 def test_show_save_crop_and_show_conf_in_predict(trained, tmp_path, monkeypatch, caplog):
     """predict(show=True) and r.show() without a display: nothing shown, one warning, as Ultralytics; save_crop=True writes
     <run>/crops/<class>/<stem>.jpg; show_conf=False draws the boxes without their scores."""
-    from yolo_cb.engine.results import warn_no_display
+    from yolo_cb.prediction.results import warn_no_display
 
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)

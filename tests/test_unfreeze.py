@@ -12,8 +12,8 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import ConfigError
-from yolo_cb.engine.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 FROZEN = ("backbone.backbone.stem.", "backbone.backbone.dark2.")  # freeze=2 on yolox-*
@@ -145,7 +145,7 @@ def test_unfreeze_settings_without_freeze_are_refused(tmp_path, shapes_small_yam
 
 
 def test_unfreeze_stages_are_checked():
-    from yolo_cb.integrations.unfreeze import parse_stages
+    from yolo_cb.assembly.unfreeze import parse_stages
 
     assert parse_stages({"3": ["a.b"], 1: "all"}) == {1: "all", 3: ["a.b"]}
     for bad in ({-1: "all"}, {1: "some"}, {}, [1]):

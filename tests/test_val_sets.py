@@ -12,8 +12,8 @@ import pytest
 from conftest import TINY
 
 from yolo_cb import YOLO
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.data.resolve import DatasetConfigError, check_data
-from yolo_cb.engine.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 MONITOR = "dusk/val/iou_loss"  # a loss: it changes every epoch, so best.pt's epoch says which set decided
@@ -79,8 +79,8 @@ def test_a_bad_set_name_is_one_clear_line(tmp_path, two_sets):
 def test_the_other_readers_of_val_work_with_a_list(run, two_sets):
     """yolo-cb val validates the first set (as its own YAML would); resume's and the tuner's fingerprint counts every
     set's images; int8 calibration reads the train split."""
-    from yolo_cb.engine.export_convert import calibration_images
-    from yolo_cb.engine.resume import dataset_fingerprint
+    from yolo_cb.export.convert import calibration_images
+    from yolo_cb.training.resume import dataset_fingerprint
 
     best = run / "weights" / "best.pt"
     settings = dict(imgsz=64, batch=8, plots=False, project=str(run.parent), name="val", exist_ok=True)

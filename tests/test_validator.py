@@ -16,7 +16,7 @@ from shared_data import SHARED
 from torch import nn
 
 from yolo_cb.config import get_config
-from yolo_cb.engine.validator import Validator
+from yolo_cb.evaluation.validator import Validator
 from yolo_cb.utils.log import LOGGER
 
 COCO8 = SHARED / "datasets" / "coco8"
@@ -211,7 +211,7 @@ class StaticBackend:
     """Looks like a static export: fixed (h, w) input and fixed batch (checked by the Backend base class)."""
 
     def __init__(self, model):
-        from yolo_cb.engine.backend import Backend
+        from yolo_cb.prediction.backend import Backend
 
         class _Static(Backend):
             kind = "onnx"

@@ -13,8 +13,8 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.engine.ema import unwrap
 from yolo_cb.metrics import DetMetrics
+from yolo_cb.recipe.ema import unwrap
 
 pytestmark = pytest.mark.slow
 K = 3

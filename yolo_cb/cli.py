@@ -208,7 +208,7 @@ def run(argv: list[str]) -> object:
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "benchmark":
-        from yolo_cb.engine.benchmark import benchmark
+        from yolo_cb.export.benchmark import benchmark
 
         return benchmark(args)
     if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
@@ -225,10 +225,10 @@ def user_error(error: BaseException) -> BaseException | None:
     User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
     FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback (a full disk met
     while the checkpoint callback saves)."""
-    unsafe = getattr(sys.modules.get("yolo_cb.engine.checkpoint"), "UnsafeCheckpointError", ())
+    unsafe = getattr(sys.modules.get("yolo_cb.checkpoints.checkpoint"), "UnsafeCheckpointError", ())
     if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
         return error
-    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.engine"), "CallbackError", ())
+    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.dispatch"), "CallbackError", ())
     if callback_error and isinstance(error, callback_error) and user_error(error.error) is not None:
         return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')")
     return None

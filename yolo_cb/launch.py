@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.assembly.assemble import build_trainer_callbacks
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import get_config
-from yolo_cb.engine.checkpoint import load_checkpoint
-from yolo_cb.engine.trainer import SIGNAL_EXIT, Trainer
+from yolo_cb.training.trainer import SIGNAL_EXIT, Trainer
 from yolo_cb.utils.log import LOGGER, setup_logging
 
 

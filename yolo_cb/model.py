@@ -21,25 +21,25 @@ from torch import nn
 from yolo_cb import paths
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.assembly.catalog import check_callback_names
-from yolo_cb.callbacks.engine import Callbacks
+from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
+from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
+from yolo_cb.checkpoints.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
 from yolo_cb.config import Config, ConfigError, coerce, get_config
-from yolo_cb.engine import resume
-from yolo_cb.engine.backend import load_backend
-from yolo_cb.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from yolo_cb.engine.exporter import Exporter
-from yolo_cb.engine.predictor import PREDICT_BATCH, Predictor
-from yolo_cb.engine.resume import finished_run
-from yolo_cb.engine.trainer import Trainer
-from yolo_cb.engine.trainer_hooks import refuse_unread_hooks
-from yolo_cb.engine.val_metrics import DetectionMetrics
-from yolo_cb.engine.validator import Validator
-from yolo_cb.engine.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
+from yolo_cb.evaluation.val_metrics import DetectionMetrics
+from yolo_cb.evaluation.validator import Validator
+from yolo_cb.export.exporter import Exporter
 from yolo_cb.launch import launch_ddp, world_size_for
 from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
+from yolo_cb.prediction.backend import load_backend
+from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
+from yolo_cb.training import resume
+from yolo_cb.training.resume import finished_run
+from yolo_cb.training.trainer import Trainer
+from yolo_cb.training.trainer_hooks import refuse_unread_hooks
 from yolo_cb.tune import tune
 from yolo_cb.utils.log import LOGGER, setup_logging
 
@@ -85,7 +85,7 @@ class YOLO(ModelHabits):
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
-        verified and converted (yolo_cb.engine.weights), then used as the model; returns kwargs with model= resolved."""
+        verified and converted (yolo_cb.checkpoints.weights), then used as the model; returns kwargs with model= resolved."""
 
         named = kwargs.get("model", self.source)
         if not is_weights_name(named):
@@ -176,7 +176,7 @@ class YOLO(ModelHabits):
     # --- modes ----------------------------------------------------------------------------
     def train(self, **kwargs) -> DetectionMetrics:
         """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
-        attributes). trainer= takes a subclass of yolo_cb.engine.trainer.Trainer to train with."""
+        attributes). trainer= takes a subclass of yolo_cb.training.trainer.Trainer to train with."""
         kwargs = dict(kwargs)
         resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
@@ -232,7 +232,7 @@ class YOLO(ModelHabits):
         return tune(self, **kwargs)
 
     def _finished_run(self, resuming, overrides: dict) -> DetectionMetrics:
-        """resume= of a run that ended: nothing to train and nothing written (yolo_cb.engine.resume.finished_run says so)."""
+        """resume= of a run that ended: nothing to train and nothing written (yolo_cb.training.resume.finished_run says so)."""
 
         self.metrics, weights = finished_run(resuming, overrides)
         self.trainer = None
@@ -303,7 +303,7 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
 def _trainer_class(trainer_class: Any) -> type:
     trainer_class = trainer_class or Trainer
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
-        raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.engine.trainer.Trainer "
+        raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.training.trainer.Trainer "
                           f"(the class itself, not an instance)")
     refuse_unread_hooks(trainer_class, Trainer)
     return trainer_class

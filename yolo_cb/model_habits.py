@@ -46,7 +46,7 @@ class ModelHabits:
         """Write the loaded PyTorch model as a yolo-cb checkpoint that YOLO(filename) loads back, as Ultralytics'
         model.save(): its weights, architecture and class names, marked finished (a start for training, not a run to
         resume). Written atomically; a fused model is refused (its BatchNorms are gone, so no model could load it)."""
-        from yolo_cb.engine.checkpoint import Checkpoint, save_checkpoint
+        from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
         from yolo_cb.nn.blocks import ConvBNAct
         from yolo_cb.version import __version__
 

@@ -20,7 +20,7 @@ from typing import Any
 from yolo_cb.assembly.builtin import DEFAULTS
 from yolo_cb.assembly.catalog import load_integrations, not_registered, registered_declarations
 from yolo_cb.assembly.lr_schedule import schedule_callback
-from yolo_cb.callbacks.engine import Callbacks
+from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, parse_specs
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.engine.checkpoint import restore_best_weights, save_checkpoint, serialize_checkpoint
-from yolo_cb.engine.stop import StopCause
+from yolo_cb.checkpoints.checkpoint import restore_best_weights, save_checkpoint, serialize_checkpoint
+from yolo_cb.recipe.stop import StopCause
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.results_plot import plot_results

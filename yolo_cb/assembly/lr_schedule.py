@@ -17,7 +17,7 @@ what it wrote last, and a difference rescales that group's schedule by the same 
 during the per-batch warmup ends that group's warmup ramp: the written LR is used for each following batch, and the
 schedule continues from it (this epoch's scheduled LR becomes the written one).
 
-The late groups of layers that were frozen (unfreeze_warmup, yolo_cb/engine/optim.py) are not this callback's: before
+The late groups of layers that were frozen (unfreeze_warmup, yolo_cb/recipe/optim.py) are not this callback's: before
 each optimizer step they take the LR of the group they follow, times their own warmup ramp.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from yolo_cb.callbacks.lr_settings import parsed, resolve
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.engine.optim import scheduled_groups
+from yolo_cb.recipe.optim import scheduled_groups
 from yolo_cb.utils.log import LOGGER
 
 

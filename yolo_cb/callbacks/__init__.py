@@ -1,6 +1,6 @@
 """The callback engine: events, dispatcher, registry."""
 
-from yolo_cb.callbacks.engine import CallbackError, Callbacks, multi_process_safe, rank_zero_only
+from yolo_cb.callbacks.dispatch import CallbackError, Callbacks, multi_process_safe, rank_zero_only
 from yolo_cb.callbacks.events import EVENTS
 from yolo_cb.callbacks.registry import register_callback
 

@@ -1,7 +1,7 @@
 """The `lr_scheduler=` setting, parsed and checked: which schedule, with which parameters (no training code here).
 
 The callback that applies it is yolo_cb/assembly/lr_schedule.py; the settings (yolo_cb/config.py) and the resume
-checks (yolo_cb/engine/resume.py) read the setting through this module.
+checks (yolo_cb/training/resume.py) read the setting through this module.
 """
 
 from __future__ import annotations

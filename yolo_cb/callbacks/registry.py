@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.callbacks.engine import ON_ERROR
+from yolo_cb.callbacks.dispatch import ON_ERROR
 from yolo_cb.errors import short_repr
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import yaml_loads

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from yolo_cb.callbacks.engine import event_methods
+from yolo_cb.callbacks.dispatch import event_methods
 from yolo_cb.callbacks.events import EVENTS, event_hint
 from yolo_cb.callbacks.registry import import_object, parse_specs
 from yolo_cb.errors import ConfigError, short_repr

@@ -16,9 +16,9 @@ import io
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.engine.export_convert import parse_spec
-from yolo_cb.engine.export_verify import MAP_KEY, val_map
-from yolo_cb.engine.exporter import Exporter
+from yolo_cb.export.convert import parse_spec
+from yolo_cb.export.exporter import Exporter
+from yolo_cb.export.verify import MAP_KEY, val_map
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 

@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import callback_alias, integration
-from yolo_cb.engine.checkpoint import model_from_checkpoint
-from yolo_cb.engine.ema import unwrap
-from yolo_cb.engine.exporter import compare, onnx_bytes
+from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
+from yolo_cb.export.exporter import compare, onnx_bytes
+from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.log import LOGGER
 
 

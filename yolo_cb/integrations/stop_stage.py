@@ -13,9 +13,9 @@ during the stage keeps it. With next_stage_start_epoch= the stage has a fixed st
 from __future__ import annotations
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.engine.stop import StopCause
 from yolo_cb.errors import ConfigError
 from yolo_cb.integrations.stage_switch import switch_epoch
+from yolo_cb.recipe.stop import StopCause
 from yolo_cb.utils.log import LOGGER
 
 

@@ -14,8 +14,8 @@ import copy
 import warnings
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.engine.ema import unwrap
 from yolo_cb.integrations.visualize import image_tag, read_rgb
+from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.log import LOGGER
 
 GRAPH_IMGSZ = 64  # side of the zero image the graph is traced with (any multiple of 32 gives the same graph)

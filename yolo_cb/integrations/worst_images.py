@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.engine.ema import unwrap
 from yolo_cb.errors import ConfigError
 from yolo_cb.metrics import DetMetrics
 from yolo_cb.nn.postprocess import postprocess
+from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.draw import draw_boxes, plot_batch, targets_to_boxes
 
 PRED_CONF = 0.25  # predictions below this score are not drawn

@@ -12,8 +12,8 @@ import socket
 from datetime import datetime
 from pathlib import Path
 
-from yolo_cb.engine.checkpoint import checkpoint_epoch, load_checkpoint
-from yolo_cb.engine.resume import RESUME_MUTABLE, is_finished
+from yolo_cb.checkpoints.checkpoint import checkpoint_epoch, load_checkpoint
+from yolo_cb.training.resume import RESUME_MUTABLE, is_finished
 from yolo_cb.utils.log import LOGGER
 
 UNRECORDED_GRACE_S = 120  # a RUNNING trial with no process recorded this long after its start was cut short

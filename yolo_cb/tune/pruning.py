@@ -3,7 +3,7 @@ and, when the study's pruner says the trial is not promising, stops the training
 
 from __future__ import annotations
 
-from yolo_cb.engine.stop import StopCause
+from yolo_cb.recipe.stop import StopCause
 
 MONITOR = "fitness"  # the metric each trial maximises: best.pt's own criterion (0.1 mAP50 + 0.9 mAP50-95)
 

@@ -27,10 +27,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.engine.checkpoint import load_checkpoint
-from yolo_cb.engine.resume import is_finished
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError
 from yolo_cb.integrations.mlflow import local_store, quiet_mlflow
+from yolo_cb.training.resume import is_finished
 from yolo_cb.tune import report
 from yolo_cb.tune.pruning import MONITOR
 from yolo_cb.tune.space import Param

@@ -1,2 +1,2 @@
-"""The YOLOX family: CSPDarknet + PAFPN backbone (`backbone`), decoupled head (`head`), SimOTA loss (`loss`), the detector
-(`model`) and Megvii's official weights (`megvii`). No imports here: `yolo_cb.nn` re-exports YOLOX."""
+"""The YOLOX family: CSPDarknet + PAFPN backbone (`backbone`), decoupled head (`head`), SimOTA loss (`loss`) and the detector
+(`model`); Megvii's official weight files are read by yolo_cb/checkpoints/megvii.py. No imports here: `yolo_cb.nn` re-exports YOLOX."""

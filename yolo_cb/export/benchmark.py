@@ -1,0 +1,100 @@
+"""`yolo-cb benchmark model=best.pt data=shapes.yaml formats=onnx,openvino,onnx_int8`: every variant exported, validated
+on the val split and timed end to end at batch 1, in one table (and benchmark.csv in the run folder).
+
+Columns: format, file size (MB), mAP50-95, its drop vs PyTorch (same letterboxed images), ms per image (letterbox +
+inference + NMS, batch 1, median of the val images after a warm-up) and the thread count every runtime was given.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yolo_cb.config import Config
+from yolo_cb.data.resolve import check_data
+from yolo_cb.data.verify import imread, list_image_files
+from yolo_cb.errors import ConfigError
+from yolo_cb.export.convert import file_size, parse_spec
+from yolo_cb.export.exporter import Exporter
+from yolo_cb.export.verify import MAP_KEY, val_map
+from yolo_cb.nn.postprocess import postprocess
+from yolo_cb.prediction.backend import load_backend
+from yolo_cb.prediction.predictor import preprocess
+from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.log import LOGGER
+
+DEFAULT_FORMATS = "onnx,onnx_half,onnx_int8,onnx_nms,openvino,openvino_half,openvino_int8,torchscript"
+TIMED_IMAGES = 30  # val images timed per variant (after 3 warm-up runs)
+COLUMNS = ("format", "file", "size_mb", "mAP50-95", "drop", "ms_per_image", "threads")
+
+
+def time_backend(backend: Any, files: list[str], imgsz: tuple[int, int], iou: float, max_det: int) -> float:
+    """Median ms per image of letterbox + forward + NMS at batch 1 over `files` (decoded beforehand)."""
+    images = [img for img in (imread(f) for f in files) if img is not None]
+    times = []
+    for i, img in enumerate(images[:3] + images):
+        t0 = time.perf_counter()
+        x = preprocess(img, imgsz, auto=False)[0][None]
+        postprocess(backend(x), conf=0.25, iou=iou, max_det=max_det, end2end=backend.end2end)
+        if i >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def export_variant(model: str, token: str, args: Config) -> str:
+    spec = parse_spec(token)
+    exporter = Exporter({"model": model, "imgsz": args.imgsz, "batch": 1, "data": args.data, "datasets_dir": args.datasets_dir,
+                         "fraction": args.fraction, "iou": args.iou, "max_det": args.max_det, "opset": args.opset, **spec},
+                        validate=False)
+    return exporter(model)
+
+
+def benchmark(args: Config) -> list[dict[str, Any]]:
+    """The table rows (see the module docstring); printed, and written to benchmark.csv in the run folder."""
+    if not args.model or not str(args.model).endswith((".pt", ".pth")) or not args.data:
+        raise ConfigError("benchmark needs model= a .pt checkpoint and data= a dataset YAML, e.g. "
+                          "yolo-cb benchmark model=best.pt data=shapes.yaml formats=onnx,openvino")
+    tokens = [t for t in str(args.formats or DEFAULT_FORMATS).split(",") if t.strip()]
+    for token in tokens:
+        parse_spec(token)  # every name checked before any work
+    threads = int(args.threads) if args.threads else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    imgsz = (args.imgsz, args.imgsz) if isinstance(args.imgsz, int) else tuple(args.imgsz)
+    val = check_data(args.data, args.datasets_dir)["val"]
+    files = list_image_files(val)[:TIMED_IMAGES]
+    rows, reference = [], None
+    for token in tokens:
+        path = export_variant(str(args.model), token, args)
+        metrics, validator = val_map(path, args.data, list(imgsz), 1, args.datasets_dir, Path(path).parent)
+        if reference is None:
+            reference = val_map(str(args.model), args.data, list(imgsz), 1, args.datasets_dir, Path(path).parent, like=validator)[0]
+            rows.append(_row("pytorch", str(args.model), reference[MAP_KEY], reference[MAP_KEY],
+                             time_backend(load_backend(str(args.model)), files, imgsz, args.iou, args.max_det), threads))
+        backend = load_backend(path, threads=threads)
+        rows.append(_row(token, path, metrics[MAP_KEY], reference[MAP_KEY], time_backend(backend, files, imgsz, args.iou, args.max_det),
+                         threads))
+    save = run_dir(args, "benchmark") / "benchmark.csv"
+    with open(save, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(table(rows))
+    LOGGER.info(f"benchmark.csv: {save}")
+    return rows
+
+
+def _row(name: str, path: str, score: float, reference: float, ms: float, threads: int) -> dict[str, Any]:
+    return {"format": name, "file": Path(path).name, "size_mb": round(file_size(Path(path)) / 1e6, 2), "mAP50-95": round(score, 4),
+            "drop": round(reference - score, 4), "ms_per_image": round(ms, 2), "threads": threads}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)

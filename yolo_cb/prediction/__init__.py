@@ -1,0 +1,1 @@
+"""Inference: model files of every format as backends, sources, the predictor and its Results."""

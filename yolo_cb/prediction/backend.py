@@ -1,0 +1,321 @@
+"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file, a TorchScript file or an OpenVINO folder.
+
+    backend = load_backend("best.onnx")          # or "best.pt", "best.torchscript", "best_openvino_model/", an nn.Module
+    preds = backend(x)                           # x: float (B, 3, H, W) RGB in [0, 1] -> (B, A, 5 + nc)
+
+Every backend returns the same raw layout as an eval-mode YOLOX: per anchor cx, cy, w, h in input pixels,
+then the sigmoided objectness and class scores. NMS is left to `yolo_cb.nn.postprocess.postprocess`; an export with
+NMS in its graph (`nms=True`) returns (B, max_det, 6) instead and says so in `backend.end2end` ({"iou", "max_det"}).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
+from yolo_cb.errors import CheckpointError, ConfigError
+from yolo_cb.utils.device import select_device
+from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.signal_stack import kept_signal_stack
+
+TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
+OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model folder
+DEFAULT_STRIDE = 32
+
+
+def parse_names(value: Any) -> dict[int, str]:
+    """Class names from a dict, a list, or their JSON / Python-literal string form -> {int: str}."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = ast.literal_eval(value)
+    if isinstance(value, (list, tuple)):
+        value = dict(enumerate(value))
+    return {int(k): str(v) for k, v in (value or {}).items()}
+
+
+def parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
+    """ONNX / TorchScript metadata strings -> typed values (names dict, imgsz list, stride int, batch int|None)."""
+    meta: dict[str, Any] = dict(raw)
+    if "names" in meta:
+        meta["names"] = parse_names(meta["names"])
+    for key in ("imgsz", "stride", "batch", "dynamic", "half", "nms", "int8"):
+        if key in meta and isinstance(meta[key], str):
+            try:
+                meta[key] = json.loads(meta[key])
+            except json.JSONDecodeError:
+                try:
+                    meta[key] = ast.literal_eval(meta[key])
+                except (ValueError, SyntaxError):
+                    pass
+    return meta
+
+
+def max_stride(model: Any) -> int:
+    """The largest stride of a model (`.stride` may be an int, a sequence or a tensor); 32 when unknown."""
+    stride = getattr(model, "stride", None)
+    if stride is None:
+        return DEFAULT_STRIDE
+    if isinstance(stride, torch.Tensor):
+        return int(stride.max())
+    if isinstance(stride, (list, tuple)):
+        return int(max(stride)) if stride else DEFAULT_STRIDE
+    return int(stride)
+
+
+class Backend:
+    """Runs a detector of any supported kind on float BCHW tensors; see the module docstring."""
+
+    kind: str = "pytorch"
+
+    def __init__(self, *, names: dict[int, str], stride: int = DEFAULT_STRIDE, imgsz: tuple[int, int] | None = None,
+                 batch: int | None = None, device: torch.device = torch.device("cpu"), fp16: bool = False,
+                 metadata: dict[str, Any] | None = None, path: str | None = None):
+        self.names = names
+        self.nc = len(names)
+        self.stride = int(stride)
+        self.imgsz = tuple(int(v) for v in imgsz) if imgsz else None
+        self.batch = int(batch) if batch else None
+        self.device = device
+        self.fp16 = fp16
+        self.metadata = metadata or {}
+        self.path = path
+        nms = self.metadata.get("nms")  # set by an nms=True export: {"iou": ..., "max_det": ...}
+        self.end2end: dict | None = nms if isinstance(nms, dict) and nms else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 3:
+            x = x.unsqueeze(0)
+        if self.imgsz is not None and tuple(x.shape[2:]) != self.imgsz:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed image size {self.imgsz} (h, w), "
+                             f"got input {tuple(x.shape[2:])}; letterbox to {self.imgsz} or re-export with dynamic=True")
+        if self.batch is not None and x.shape[0] != self.batch:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
+                             f"re-export with dynamic=True or batch={x.shape[0]}")
+        return self.forward(x)
+
+    def warmup(self, imgsz: tuple[int, int] | int | None = None) -> None:
+        """One dummy forward pass (first-call allocations, cuDNN autotune, ORT graph init)."""
+        size = self.imgsz or ((imgsz, imgsz) if isinstance(imgsz, int) else imgsz) or (64, 64)
+        self(torch.zeros(self.batch or 1, 3, *size, device=self.device))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind}, nc={self.nc}, imgsz={self.imgsz}, batch={self.batch}, device={self.device})"
+
+
+class PyTorchBackend(Backend):
+    kind = "pytorch"
+
+    def __init__(self, model: nn.Module, *, owned: bool, device: torch.device, fp16: bool, path: str | None = None):
+        """`owned`: the backend built this model (it may fuse, move and cast it); a caller's module is left as it is."""
+        names = parse_names(getattr(model, "names", None) or {i: str(i) for i in range(int(getattr(model, "nc", 0)))})
+        stride = max_stride(model)
+        if owned:
+            model = model.to(device).eval()
+            if hasattr(model, "fuse"):
+                model = model.fuse() or model
+            if fp16:
+                model = model.half()
+        else:
+            param = next(model.parameters(), None)
+            device = param.device if param is not None else device
+        super().__init__(names=names, stride=stride, device=device, fp16=fp16, path=path)
+        self.model = model
+        self.owned = owned
+        self.dtype = next(model.parameters()).dtype if next(model.parameters(), None) is not None else torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device)
+        if self.owned or not self.fp16 or self.device.type != "cuda":
+            y = self.model(x.to(self.dtype))
+        else:  # a caller's fp32 module in fp16: autocast instead of casting their weights
+            with torch.autocast("cuda", dtype=torch.float16):
+                y = self.model(x)
+        if isinstance(y, (list, tuple)):
+            y = y[0]
+        return y.float()
+
+
+def unusable_onnx(path: Path) -> str | None:
+    """Why `path` cannot be an ONNX model (empty, truncated, another kind of file, an invalid graph), or None."""
+    import onnx
+
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf's DecodeError, or onnx's own parse errors
+        return "it does not parse as ONNX (truncated, or another kind of file)"
+    if not proto.ir_version or not proto.graph.node:
+        return "it holds no ONNX graph (another kind of file)"
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as error:
+        return f"its graph is invalid ({str(error).strip().splitlines()[0][:200]})"
+    return None
+
+
+def bad_model_file(path: Path, kind: str, reason: str) -> CheckpointError:
+    """The one-line error for a model file that cannot be loaded: the file, why, and what to do."""
+    return CheckpointError(f"model={path}: not a usable {kind} model: {reason}; export it again from the .pt checkpoint "
+                           f"(yolo-cb export model=path/to/best.pt format={kind.lower()})")
+
+
+class ONNXBackend(Backend):
+    kind = "onnx"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
+        import onnxruntime as ort
+        providers = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+        elif device.type == "cuda":
+            LOGGER.warning(f"onnxruntime has no CUDAExecutionProvider; running {path} on CPU")
+            device = torch.device("cpu")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        except Exception:  # onnxruntime's own Fail / InvalidProtobuf / InvalidGraph: a user error only when the file is at fault
+            reason = unusable_onnx(Path(path))
+            if reason is None:
+                raise
+            raise bad_model_file(Path(path), "ONNX", reason) from None
+        meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map)
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_dtype = "float16" if "float16" in inp.type else "float32"
+        shape = list(inp.shape)
+        static = len(shape) == 4 and all(isinstance(v, int) and v > 0 for v in shape[2:])
+        imgsz = tuple(shape[2:]) if static else None
+        batch = shape[0] if shape and isinstance(shape[0], int) and shape[0] > 0 else None
+        names = meta.get("names")
+        if not names:
+            nc = self.session.get_outputs()[0].shape[-1]
+            nc = nc - 5 if isinstance(nc, int) and not meta.get("nms") else 0
+            LOGGER.warning(f"{path} has no 'names' metadata; using class ids as names")
+            names = {i: str(i) for i in range(nc)}
+        super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
+                         device=device, fp16=self.input_dtype == "float16", metadata=meta, path=str(path))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        array = x.detach().cpu().numpy().astype(self.input_dtype, copy=False)
+        y = self.session.run(self.output_names[:1], {self.input_name: array})[0]
+        return torch.from_numpy(y).float().to(self.device)
+
+
+class TorchScriptBackend(Backend):
+    kind = "torchscript"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool):
+        extra = {TORCHSCRIPT_META: ""}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+            try:
+                self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+            except RuntimeError:
+                if zipfile.is_zipfile(path):
+                    raise
+                reason = "the file is empty" if Path(path).stat().st_size == 0 else "it is not a TorchScript archive (truncated, or another kind of file)"
+                raise bad_model_file(Path(path), "TorchScript", reason) from None
+        meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
+        dynamic = bool(meta.get("dynamic", False))
+        imgsz = meta.get("imgsz") if not dynamic else None
+        batch = meta.get("batch") if not dynamic else None
+        param = next(self.model.parameters(), None)
+        self.dtype = param.dtype if param is not None else torch.float32
+        names = meta.get("names") or {}
+        super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
+                         device=device, fp16=self.dtype == torch.float16, metadata=meta, path=str(path))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.model(x.to(self.device, self.dtype))
+        if isinstance(y, (list, tuple)):
+            y = y[0]
+        return y.float()
+
+
+class OpenVINOBackend(Backend):
+    kind = "openvino"
+
+    def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
+        """`path`: an export folder (`*_openvino_model/`) or its .xml; runs on the CPU in fp32 arithmetic (an fp16 export
+        holds fp16 weights; OpenVINO's default bf16 on CPUs that have it is switched off, so results match PyTorch's)."""
+        try:
+            import openvino as ov
+        except ImportError as error:
+            raise ConfigError(f"model={path} is an OpenVINO model: pip install 'yolo-cb[openvino]' (openvino)") from error
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        xml = Path(path) if Path(path).is_file() else next(iter(sorted(folder.glob("*.xml"))), None)
+        if xml is None:
+            raise bad_model_file(folder, "OpenVINO", "the folder holds no .xml model")
+        meta_file = folder / OPENVINO_META
+        meta = parse_metadata(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
+        config = {"INFERENCE_PRECISION_HINT": "f32", **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
+        try:
+            with kept_signal_stack():  # the CPU plugin swaps this thread's signal stack (utils/signal_stack.py)
+                core = ov.Core()
+                self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)
+        except RuntimeError as error:
+            raise bad_model_file(xml, "OpenVINO", f"OpenVINO cannot read it ({str(error).strip().splitlines()[0][:200]})") from None
+        if device.type != "cpu":
+            LOGGER.warning(f"OpenVINO models run on the CPU here; running {path} on CPU")
+            device = torch.device("cpu")
+        shape = self.compiled.input(0).get_partial_shape()
+        static = shape.is_static
+        dims = [d.get_length() for d in shape] if static else []
+        super().__init__(names=meta.get("names") or {}, stride=int(meta.get("stride", DEFAULT_STRIDE)),
+                         imgsz=tuple(dims[2:]) if static else None, batch=dims[0] if static else None,
+                         device=device, fp16=False, metadata=meta, path=str(folder))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.compiled(x.detach().cpu().float().numpy())[self.compiled.output(0)]
+        return torch.from_numpy(y).float().to(self.device)
+
+
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None) -> Backend:
+    """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file, a `.torchscript` file or an OpenVINO folder / .xml.
+
+    fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
+    threads: intra-op threads of ONNX Runtime / OpenVINO (None: the runtime's default; PyTorch: torch.set_num_threads).
+    """
+    dev = select_device(device)
+    if fp16 and dev.type != "cuda":
+        LOGGER.warning("fp16 inference needs CUDA; running in fp32 on %s", dev)
+        fp16 = False
+    if isinstance(weights, Backend):
+        return weights
+    if isinstance(weights, nn.Module):
+        return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
+    path = Path(str(weights))
+    if path.is_dir() or path.suffix.lower() == ".xml":
+        if path.exists():
+            return OpenVINOBackend(str(path), device=dev, fp16=fp16, threads=threads)
+    if not path.is_file():
+        raise FileNotFoundError(f"model weights '{weights}' not found")
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return ONNXBackend(str(path), device=dev, fp16=fp16, threads=threads)
+    if suffix in (".torchscript", ".ts", ".jit"):
+        return TorchScriptBackend(str(path), device=dev, fp16=fp16)
+    if suffix in (".pt", ".pth"):
+        return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
+    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx, .torchscript or an OpenVINO folder")

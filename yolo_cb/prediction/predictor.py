@@ -1,0 +1,255 @@
+"""Predict: source -> letterbox -> model (any backend) -> NMS -> Results, saved as annotated images / YOLO txt.
+
+    results = Predictor({"conf": 0.3})("images/", model="best.onnx")        # list of Results
+    for r in Predictor()("video.mp4", model="best.pt", stream=True): ...   # generator, frame by frame
+
+Sources (yolo_cb/prediction/sources.py): an image path, a folder, a glob, a video file, a .txt list of paths, a numpy image
+(HWC BGR), a PIL image, a BCHW float RGB tensor in 0..1 (sides multiples of 32, not letterboxed), or a list of these.
+Images are predicted in batches of `batch` (1 unless given, as in Ultralytics; a fixed-batch export: its batch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from yolo_cb.callbacks import Callbacks
+from yolo_cb.config import Config, get_config
+from yolo_cb.data.transforms import letterbox
+from yolo_cb.data.verify import IMG_SUFFIXES
+from yolo_cb.errors import ConfigError
+from yolo_cb.nn.postprocess import postprocess, scale_boxes
+from yolo_cb.prediction.backend import Backend, load_backend
+from yolo_cb.prediction.results import Results
+from yolo_cb.prediction.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
+from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.log import LOGGER
+
+PREDICT_CONF = 0.25  # confidence threshold when conf is empty
+PREDICT_BATCH = 1  # images per model call when batch= is not given (Ultralytics' predict default), not training's batch
+
+
+def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False, stride: int = 32) -> tuple[torch.Tensor, tuple]:
+    """HWC BGR uint8 -> letterboxed CHW RGB float tensor in [0, 1], and ratio_pad = (ratio, (pad_w, pad_h))."""
+    shape = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
+    if img.ndim == 2:
+        img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    elif img.shape[2] == 4:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2BGR)
+    boxed, ratio, pad = letterbox(img, new_shape=shape, auto=auto, stride=stride)
+    tensor = torch.from_numpy(np.ascontiguousarray(boxed[..., ::-1].transpose(2, 0, 1))).float().div_(255.0)
+    return tensor, (ratio, tuple(pad))
+
+
+def term_as_exit() -> Any:
+    """Make SIGTERM raise SystemExit(143) (as Ctrl-C raises KeyboardInterrupt) so that open videos are finalised;
+    returns the handler to restore, or None when nothing was changed (not the main thread, or a handler of the user's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+class Predictor:
+    """Runs a model over a source; see the module docstring. Events: on_predict_start, on_predict_batch_start,
+    on_predict_postprocess_end (predictor.results), on_predict_batch_end, on_predict_end."""
+
+    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None):
+        self.args = args if isinstance(args, Config) else get_config({"mode": "predict", **(args or {})}, base={"batch": PREDICT_BATCH})
+        self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.backend: Backend | None = None
+        self.model: Backend | None = None  # the loaded model (as Ultralytics' predictor.model): names, stride, device, __call__
+        self._model_source = None  # what `model` was loaded from (a path or an nn.Module)
+        self.source = None
+        self.save_dir: Path | None = None
+        self.batch: tuple[list[str], list[np.ndarray], list[str]] | None = None  # (paths, BGR images, "image 1/3 path: " strings)
+        self.results: list[Results] = []
+        self.seen = 0
+        self._described = 0  # source items described so far in this call (predictor.batch's third element)
+        self.imgsz: tuple[int, int] | None = None
+        self._writers: dict[str, cv2.VideoWriter] = {}
+        self._claimed: dict[tuple[str, str], str] = {}  # (kind, output file name) -> the source it was given to
+
+    def run_callbacks(self, event: str) -> None:
+        self.callbacks.run(event, self)
+
+    def add_callback(self, event: str, fn, on_error: str = "raise") -> None:
+        """Register `fn(predictor)` on `event` (Ultralytics' predictor.add_callback)."""
+        self.callbacks.add_callback(event, fn, on_error=on_error)
+
+    @property
+    def conf(self) -> float:
+        return PREDICT_CONF if self.args.conf is None else float(self.args.conf)
+
+    def setup_model(self, model: Any) -> Backend:
+        if model is None and self.backend is not None:
+            model = self._model_source  # reuse the model of the previous call
+        model = model if model is not None else self.args.model
+        if model is None:
+            raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
+        if self.backend is None or model is not self._model_source:
+            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half))
+            self._model_source = model
+        size = self.args.imgsz
+        self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))
+        return self.backend
+
+    def __call__(self, source: Any = None, model: Any = None, stream: bool = False):
+        gen = self.stream_inference(source, model)
+        return gen if stream else list(gen)
+
+    def batch_size(self, backend: Backend) -> int:
+        """Images per model call: batch= (1 unless given, as Ultralytics' predict); a fixed-batch export runs its own
+        batch, and another batch= given for it is refused (it would be ignored)."""
+        wanted = int(self.args.batch or PREDICT_BATCH)
+        if backend.batch and wanted not in (1, backend.batch):
+            raise ConfigError(f"invalid value for 'batch': {wanted}; the model {backend.path or ''} was exported for a fixed batch of "
+                              f"{backend.batch}: predict with batch={backend.batch} (or 1), or re-export with dynamic=True or batch={wanted}")
+        return backend.batch or wanted
+
+    @torch.no_grad()
+    def stream_inference(self, source: Any = None, model: Any = None) -> Iterator[Results]:
+        source = source if source is not None else self.args.source
+        if source is None:
+            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
+        backend = self.setup_model(model)
+        self.source = source
+        items = expand(source)  # a missing source raises here, before a run dir is made
+        count = sum(len(item.images) if hasattr(item, "images") else 1 for item in items)
+        size = self.batch_size(backend)
+        if self.args.save or self.args.save_txt or self.args.save_crop:
+            self.save_dir = self._make_save_dir()
+        self.seen, self._described, self._claimed = 0, 0, {}
+        self.run_callbacks("on_predict_start")
+        previous_term = term_as_exit()
+        try:
+            for batch in batches(iter_frames(items), size):
+                yield from self._predict_batch(batch, backend, count)
+        finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
+            for writer in self._writers.values():
+                writer.release()
+            self._writers.clear()
+            if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
+                signal.signal(signal.SIGTERM, previous_term)
+        if self.save_dir is not None:
+            LOGGER.info(f"predict: {self.seen} image(s) -> {self.save_dir}")
+        self.run_callbacks("on_predict_end")
+
+    def _predict_batch(self, batch: list[Frame], backend: Backend, count: int) -> list[Results]:
+        """One batch through the events: preprocess, model, postprocess, save; returns its Results."""
+        paths, frame_ids = [f.path for f in batch], [f.frame for f in batch]
+        images = [tensor_to_bgr(f.image) if isinstance(f.image, torch.Tensor) else f.image for f in batch]
+        self.batch = (paths, images, [self._describe(p, f, count) for p, f in zip(paths, frame_ids, strict=True)])
+        self.run_callbacks("on_predict_batch_start")
+        t0 = time.perf_counter()
+        tensors, ratio_pads = zip(*(self.prepare(f.image, backend) for f in batch), strict=True)
+        x = torch.stack(tensors).to(backend.device)
+        t1 = time.perf_counter()
+        preds = backend(x)
+        t2 = time.perf_counter()
+        self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
+        t3 = time.perf_counter()
+        n = len(images)
+        speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n, "postprocess": (t3 - t2) * 1e3 / n}
+        for r in self.results:
+            r.speed = dict(speed)
+        self.run_callbacks("on_predict_postprocess_end")
+        for r in self.results:
+            self.save_result(r)
+            if self.args.show:
+                r.show(line_width=self.args.line_width, labels=bool(self.args.show_labels), conf=bool(self.args.show_conf))
+        self.seen += n
+        if self.args.verbose:
+            for r, text in zip(self.results, self.batch[2], strict=True):
+                LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
+        self.run_callbacks("on_predict_batch_end")
+        return self.results
+
+    def prepare(self, image: np.ndarray | torch.Tensor, backend: Backend) -> tuple[torch.Tensor, tuple]:
+        """The model input of one image and its ratio_pad: a tensor source's image as it is (model-sized already, as
+        Ultralytics feeds it), any other letterboxed to imgsz."""
+        if isinstance(image, torch.Tensor):
+            return image, (1.0, (0.0, 0.0))
+        return preprocess(image, self.imgsz, auto=False, stride=backend.stride)
+
+    def _describe(self, path: str, frame: int | None, count: int) -> str:
+        """The per-image line Ultralytics puts third in predictor.batch: 'image 3/10 path: ' or 'video 1/1 (frame 5) path: '."""
+        self._described += frame in (None, 0)  # a new source item starts
+        kind = "image" if frame is None else "video"
+        return f"{kind} {self._described}/{count}{'' if frame is None else f' (frame {frame + 1})'} {path}: "
+
+    def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
+        args = self.args
+        dets = postprocess(preds, conf=self.conf, iou=args.iou, max_det=args.max_det, agnostic=bool(args.agnostic_nms), classes=args.classes,
+                           end2end=getattr(self.backend, "end2end", None))
+        results = []
+        for det, img, path, frame, ratio_pad in zip(dets, images, paths, frame_ids, ratio_pads, strict=True):
+            det = scale_boxes(det.cpu(), ratio_pad, img.shape[:2]) if len(det) else det.cpu().reshape(0, 6)
+            results.append(Results(img, path, self.backend.names, boxes=det, frame=frame,
+                                   save_dir=str(self.save_dir) if self.save_dir is not None else None))
+        return results
+
+    # --- saving -----------------------------------------------------------------------------
+    def _make_save_dir(self) -> Path:
+        return run_dir(self.args, "predict")
+
+    def _claim(self, kind: str, name: str, source: str) -> str:
+        """The output file name for `source` in save_dir: `name`, or, when another source already has it (a.jpg and
+        a.png both give labels/a.txt; x/a.jpg and y/a.jpg both give a.jpg), `name` tagged with the source's suffix
+        (a_png.txt), then numbered; the rename is named in one warning."""
+        if self._claimed.setdefault((kind, name), source) == source:
+            return name
+        base, ext = os.path.splitext(name)
+        tag, n = Path(source).suffix[1:].lower() or "file", 1
+        candidate = f"{base}_{tag}{ext}"
+        while self._claimed.setdefault((kind, candidate), source) != source:
+            n += 1
+            candidate = f"{base}_{tag}{n}{ext}"
+        LOGGER.warning(f"{name} is already the {kind} output of {self._claimed[(kind, name)]}: the one of {source} is {candidate}")
+        return candidate
+
+    def save_result(self, r: Results) -> None:
+        if self.save_dir is None:
+            return
+        stem = Path(r.path).stem
+        txt_stem = stem if r.frame is None else f"{stem}_{r.frame}"
+        if self.args.save_txt:
+            txt = self.save_dir / "labels" / self._claim("labels", f"{txt_stem}.txt", r.path)
+            if len(r):
+                r.save_txt(txt, save_conf=bool(self.args.save_conf))
+            else:
+                txt.parent.mkdir(parents=True, exist_ok=True)
+                txt.touch()
+        if self.args.save_crop:
+            r.save_crop(self.save_dir / "crops", file_name=txt_stem)
+        if not self.args.save:
+            return
+        plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels), conf=bool(self.args.show_conf))
+        if r.frame is None:
+            suffix = Path(r.path).suffix.lower()
+            name = self._claim("image", Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg", r.path)
+            if not cv2.imwrite(str(self.save_dir / name), plotted):
+                LOGGER.warning(f"could not write {self.save_dir / name}")
+            return
+        writer = self._writers.get(r.path)
+        if writer is None:
+            capture = cv2.VideoCapture(r.path)
+            fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
+            capture.release()
+            h, w = plotted.shape[:2]
+            name = self._claim("video", f"{stem}.mp4", r.path)
+            writer = cv2.VideoWriter(str(self.save_dir / name), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+            self._writers[r.path] = writer
+        writer.write(plotted)

@@ -1,0 +1,225 @@
+"""What a training is built from: the model (initial weights, freeze=, its loss), the loaders, the validator; seeding.
+
+`Parts` holds them; the Trainer exposes each under its usual name (`trainer.model`, `trainer.train_loader`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo_cb.checkpoints.checkpoint import Checkpoint, read_checkpoint
+from yolo_cb.checkpoints.weights import resolve_weights
+from yolo_cb.config import Config, load_defaults
+from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+from yolo_cb.data.resolve import check_data as resolve
+from yolo_cb.errors import ConfigError
+from yolo_cb.evaluation.val_sets import extra_sets, placeholder_keys
+from yolo_cb.evaluation.validator import Validator
+from yolo_cb.nn import build_model as build
+from yolo_cb.nn.yolox.head import PRIOR_PROB
+from yolo_cb.recipe.ema import unwrap
+from yolo_cb.recipe.freeze import freeze_bn_stats, freeze_layers, trainable_count
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.process_state import CUBLAS_ENV
+
+
+def loss_settings(args: Config) -> dict[str, Any]:
+    """The settings that configure a loss (a criterion lists those it takes in `reads_settings`)."""
+    return {"box": args.box, "iou_type": args.iou_type}
+METRIC_NAMES = ("precision(B)", "recall(B)", "mAP50(B)", "mAP50-95(B)")
+
+
+@dataclass
+class Parts:
+    model: Any = None
+    ema: Any = None
+    optimizer: Any = None
+    criterion: Any = None
+    train_loader: Any = None
+    test_loader: Any = None
+    validator: Any = None
+    data: dict = field(default_factory=dict)
+    model_cfg: dict = field(default_factory=dict)
+    loss_names: tuple[str, ...] = ()  # train/<name> keys, from the criterion once it is built
+    frozen: list[str] = field(default_factory=list)  # the modules freeze= froze (parameters and BatchNorm statistics as loaded)
+    extra_val: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (evaluation/val_sets.py)
+    ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
+    num_batches: int = 0
+    lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
+    compiled: Any = None  # compile=: torch.compile over `model` (the DDP wrapper under DDP), the forward the step calls; None = eager
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault(CUBLAS_ENV, ":4096:8")
+
+
+def check_data(trainer) -> dict:
+    """The dataset dict; rank 0 downloads or generates it first."""
+
+    if trainer.rank > 0:
+        distributed.barrier()  # let rank 0 download or generate the dataset first
+    data = resolve(trainer.args.data or "shapes.yaml", trainer.args.datasets_dir)
+    if trainer.rank == 0:
+        distributed.barrier()
+    return data
+
+
+def build_model(trainer) -> None:
+    """The model from the checkpoint resumed, the initial checkpoint or the YAML; freeze=; the loss configured."""
+    args, parts = trainer.args, trainer.parts
+    source = resolve_weights(trainer.model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
+    init_ckpt = None
+    if trainer.resume_ckpt is not None:
+        cfg = Checkpoint.of(trainer.resume_ckpt, args.resume).model_cfg
+    elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
+        init_ckpt = read_checkpoint(source)
+        cfg = init_ckpt.model_cfg
+    else:
+        cfg = source
+    model = build(cfg, nc=int(parts.data["nc"]), verbose=trainer.is_main, imgsz=args.imgsz)
+    if args.pretrained and not isinstance(args.pretrained, bool):
+        init_ckpt = read_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+    if init_ckpt is not None:
+        load_matching_weights(model, init_ckpt)
+    model.names = dict(parts.data["names"])
+    parts.model_cfg = dict(model.cfg)
+    parts.model = model.to(trainer.device)
+    if args.channels_last:
+        parts.model = parts.model.to(memory_format=torch.channels_last)
+    parts.frozen = freeze_layers(unwrap(parts.model), args.freeze)  # before the optimizer: frozen tensors get no group
+    configure_criterion(args, parts)
+
+
+def configure_criterion(args: Config, parts: Parts) -> None:
+    """The loss built from the loss settings (each family takes those in its reads_settings; YOLOX's L1 starts off)."""
+    parts.criterion = criterion = unwrap(parts.model).build_loss(loss_settings(args))
+    parts.loss_names = tuple(f"{name}_loss" for name in criterion.loss_names)
+    refuse_unread_loss_settings(args, criterion)
+
+
+def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
+    """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
+    YOLOX's prior bias). Returns the number of tensors transferred."""
+
+    ckpt = Checkpoint.of(ckpt)
+    source = ckpt.ema or ckpt.model
+    own = model.state_dict()
+    matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(matching, strict=False)
+    fresh = [conv for i, conv in enumerate(getattr(getattr(model, "head", None), "cls_preds", None) or [])
+             if f"head.cls_preds.{i}.weight" in source and f"head.cls_preds.{i}.weight" not in matching]
+    with torch.no_grad():
+        for conv in fresh:  # fresh weights from the build; YOLOX's prior bias set here, whatever the head's own init
+            conv.bias.fill_(-math.log((1 - PRIOR_PROB) / PRIOR_PROB))
+    classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.names or {})}) " \
+              f"with prior probability {PRIOR_PROB}" if fresh else ""
+    LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint{classes}")
+    return len(matching)
+
+
+def build_loaders(trainer) -> None:
+    args, parts, rank, stride = trainer.args, trainer.parts, trainer.rank, 32
+    names = parts.data["names"]
+    if rank > 0:
+        distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
+    train_set = build_yolo_dataset(args, parts.data["train"], "train", names, stride=stride, batch=args.batch, write_caches=trainer.is_main)
+    if rank == 0:
+        distributed.barrier()
+    parts.train_loader = build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=rank, seed=args.seed)
+    parts.num_batches = len(parts.train_loader)
+    if trainer.is_main:
+        split = parts.data.get(args.split if args.split != "train" else "val") or parts.data.get("val")
+        val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+        parts.test_loader = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+        if args.split == "val":
+            for name, split in extra_sets(parts.data).items():
+                dataset = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+                parts.extra_val[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+
+
+def wrap_distributed(trainer) -> None:
+    if trainer.world_size <= 1:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    parts, device = trainer.parts, trainer.device
+    if trainer.args.sync_bn and device.type == "cuda":
+        parts.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(parts.model)
+    elif trainer.args.sync_bn:
+        LOGGER.warning("WARNING sync_bn=True needs CUDA (PyTorch's SyncBatchNorm runs on GPUs only); plain BatchNorm is used on CPU")
+    ids = [device.index] if device.type == "cuda" else None
+    parts.ddp_trainable = trainable_count(parts.model)
+    parts.model = DistributedDataParallel(parts.model, device_ids=ids, find_unused_parameters=False)
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's modes; other names: backends
+
+
+def compile_forward(trainer) -> None:
+    """compile=: the training forward (`parts.compiled`) is torch.compile over the model as wrapped for DDP; the model
+    itself stays the eager module the EMA, validation, checkpoints and exports read (same parameters, same state_dict
+    keys). The loss inside the forward has data-dependent shapes: dynamo splits the graph there (graph breaks) and
+    marks the target count dynamic after the first recompilation."""
+    setting, parts = trainer.args.compile, trainer.parts
+    if setting is False:
+        parts.compiled = None
+        return
+    mode = None if setting is True or setting not in COMPILE_MODES else setting
+    backend = "inductor" if setting is True or setting in COMPILE_MODES else setting
+    parts.compiled = torch.compile(parts.model, mode=mode, backend=backend)
+    LOGGER.info(f"compile={setting}: the training forward runs through torch.compile (backend {backend}, mode {mode or 'default'}); "
+                "the first batches are slow while it compiles")
+
+
+def sync_trainable(trainer) -> None:
+    """After on_train_epoch_start: frozen BatchNorm statistics stay as loaded (those of unfrozen layers update again);
+    under DDP, a wrapper built for another set of trainable tensors is built again, on every rank at the same epoch
+    start (DDP all-reduces only the gradients of the tensors it registered)."""
+    parts = trainer.parts
+    model = unwrap(parts.model)
+    freeze_bn_stats(model, parts.frozen)
+    if trainer.world_size > 1 and trainable_count(model) != parts.ddp_trainable:
+        LOGGER.info(f"trainable tensors changed ({parts.ddp_trainable} -> {trainable_count(model)}): DDP wrapper rebuilt")
+        parts.model = model
+        wrap_distributed(trainer)
+        compile_forward(trainer)  # over the new wrapper
+
+
+def build_validator(trainer) -> None:
+    validator = Validator(trainer.args, save_dir=trainer.save_dir, callbacks=trainer.callbacks, dataloader=trainer.test_loader)
+    validator.trainer = trainer  # validator events reach the trainer (and its epoch) during training
+    trainer.parts.validator = validator
+
+
+def placeholder_metrics(loss_names: tuple[str, ...], data: dict | None = None) -> dict[str, float]:
+    """NaN for every metric a validation gives (of every validation set): what a callback reading one before the first
+    validation gets."""
+    keys = [f"metrics/{n}" for n in METRIC_NAMES] + ["fitness"] + [f"val/{n}" for n in loss_names]
+    values = dict.fromkeys(keys, float("nan"))
+    return {**values, **placeholder_keys(data or {}, values)}
+
+
+def refuse_unread_loss_settings(args: Config, criterion) -> None:
+    """A loss setting the model's criterion does not take (YOLOCB: CIoU + DFL, fixed gains) must stay at its default."""
+    defaults = load_defaults()
+    for key, value in loss_settings(args).items():
+        if key not in criterion.reads_settings and value != defaults[key]:
+            raise ConfigError(f"invalid value for '{key}': {value!r}; it sets the YOLOX loss, and this model trains with "
+                              f"{type(criterion).__name__} (CIoU + DFL with fixed gains): leave {key} at {defaults[key]!r} or train a "
+                              f"yolox-* model")

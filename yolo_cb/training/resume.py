@@ -1,0 +1,360 @@
+"""Resume, decided before training starts: which checkpoint, which of its settings, which run folder, and every refusal.
+
+A file yolo-cb did not write names no code and no place to write. A checkpoint loads with ``torch.load(weights_only=True)``,
+so unpickling runs nothing; but its ``train_args`` are plain strings that other code would import (``callbacks``, an
+``lr_scheduler`` naming ``module:function``, a ``cfg=`` file that may declare either) or write to (``project``, ``name``,
+``datasets_dir``, ...). Those come only from the user's own command, YAML or call. On resume, a code-naming setting the
+checkpoint records must be given again (the same, or empty to resume without it): otherwise the resume is refused with one
+line, since dropping it silently would change the run. Places are never taken from the checkpoint: the user's value, else
+today's default layout.
+
+What the trainer restores from the checkpoint once the run is built is yolo_cb.training.resume_state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
+from yolo_cb.config import Config, coerce, get_config, load_cfg_file
+from yolo_cb.data.resolve import check_data
+from yolo_cb.data.verify import list_image_files
+from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.evaluation.val_metrics import DetectionMetrics
+from yolo_cb.nn.build import load_model_cfg
+from yolo_cb.paths import find_dataset_cfg
+from yolo_cb.settings_schema import RULES
+from yolo_cb.utils.dist import rank
+from yolo_cb.utils.files import default_project, run_dir
+from yolo_cb.utils.log import LOGGER, printable
+
+# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
+# else would change what is trained.
+RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
+# The form of dataset_fingerprint: 2 counts the images of every validation set; 1, a fingerprint without "version" (yolo-cb
+# up to 4f22c48), counted only the first set of a `val:` mapping. A checkpoint is compared in the form it recorded.
+FINGERPRINT_VERSION = 2
+# Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
+CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
+# Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
+# which may declare code) and places to write (or a server to write to): the user's value, else the default.
+PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
+
+
+class ResumeError(ConfigError):
+    """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
+
+
+class ResumePlan(NamedTuple):
+    """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and whether its run ended."""
+
+    args: Config
+    ckpt: dict
+    path: Path
+    finished: bool
+
+
+def is_finished(ckpt: Checkpoint | dict[str, Any]) -> bool:
+    """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
+    return bool(Checkpoint.of(ckpt).finished)
+
+
+def _not_set(value: Any) -> bool:
+    return value in (None, False, "False", "false")
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------------
+def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], ResumePlan | None]:
+    """(the overrides to train with, the resume; None: a fresh run) for train(**overrides). `model` is a model the user
+    named (None: not named). resume=auto picks the run folder's last.pt or a fresh run there; a torchrun restart without
+    resume= is warned about, since it starts over."""
+    prepared = None
+    if str(overrides.get("resume")).lower() == "auto":
+        overrides, prepared = _auto_resume(overrides, model=model)
+    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and _not_set(overrides.get("resume")) and rank() in (-1, 0):
+        LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
+                       f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
+    if _not_set(overrides.get("resume")):
+        return overrides, None
+    args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
+    return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt) and not extends_finished_run(ckpt, args, overrides))
+
+
+def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
+    """The checkpoint resume=`value` names: a path; or for resume=True the model the user named when it is a checkpoint
+    file (Ultralytics' `YOLO("runs/detect/x/weights/last.pt").train(resume=True)`), else the newest last.pt under project."""
+    if value not in (True, "True", "true"):
+        return Path(str(value)).expanduser()
+    if model is not None and str(model).endswith((".pt", ".pth")) and Path(str(model)).expanduser().is_file():
+        return Path(str(model)).expanduser()
+    return find_last_checkpoint(project)
+
+
+def find_last_checkpoint(project: str | None) -> Path:
+    root = Path(project) if project else default_project()
+    candidates = sorted(root.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise FileNotFoundError(f"resume=True: no last.pt found under {root}/*/weights/; pass resume=path/to/last.pt")
+    return candidates[-1]
+
+
+def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
+    same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
+    so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
+    return _auto_resume(overrides, model=model)[0]
+
+
+def _auto_folder(overrides: dict[str, Any]) -> Path:
+    """The run folder project/name of resume=auto, from the call or its cfg= file: only these two settings are read here,
+    since the run's settings are resolved once, by prepare_resume or by the fresh run."""
+    given = {**(load_cfg_file(overrides["cfg"]) if overrides.get("cfg") else {}), **overrides}
+    project, name = coerce("project", given.get("project")), coerce("name", given.get("name"))
+    return (Path(project) if project else default_project()) / (name or "train")
+
+
+def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], tuple | None]:
+    """resolve_auto_resume's overrides, and prepare_resume's (args, checkpoint, path) when it resumes (None: a fresh run)."""
+    folder = _auto_folder(overrides)
+    last = folder / "weights" / "last.pt"
+    say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
+    if not last.is_file():
+        say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
+        return {**overrides, "resume": False, "exist_ok": True}, None
+    try:
+        prepared = prepare_resume({**overrides, "resume": str(last)}, model=model)
+    except ConfigError as error:
+        get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
+        raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
+                          f"Use another name= for a new run, or the settings it was started with") from None
+    if not is_finished(prepared[1]):
+        say(f"resume=auto: continuing the run in {folder} from {last}")
+    return {**overrides, "resume": str(last)}, prepared
+
+
+def prepare_resume(overrides: dict[str, Any], model: str | None = None):
+    """(args, checkpoint, path) for a resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
+
+    `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
+    dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
+    nothing will be trained (the caller says so)."""
+    path = checkpoint_to_resume(overrides["resume"], model, overrides.get("project"))
+    ckpt = load_checkpoint(path)
+    record = Checkpoint.from_dict(ckpt, path)
+    path = path.resolve()
+    given = {k: v for k, v in overrides.items() if k != "resume"}
+    finished = record.finished and not extends_finished_run(record, None, overrides)
+    saved = resumable_settings(dict(record.train_args or {}), given, path, trains=not finished)  # no code, no place to write
+    requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
+    requested.resume = str(path)
+    if "epochs" in overrides:
+        check_resume_epochs(record, requested, path)
+    if finished:
+        return requested, ckpt, path
+    if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
+        requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)
+    changed = sorted(k for k in overrides if k not in RESUME_MUTABLE and k in saved and getattr(requested, k) != saved[k])
+    if changed:
+        raise ConfigError(f"cannot change {', '.join(f'{k}={overrides[k]!r} (was {saved[k]!r})' for k in changed)} when resuming {path}: "
+                          f"that would change what is being trained. Settings that may change on resume: {', '.join(sorted(RESUME_MUTABLE - {'resume', 'mode'}))}")
+    check_resume_model(model, record, path)
+    check_resume_data(requested, record, path)
+    requested.exist_ok = True
+    return requested, ckpt, path
+
+
+# --- another length: epochs= on resume ----------------------------------------------------------------------------------
+def extends_finished_run(ckpt: Checkpoint | dict, args: Config | None, overrides: dict[str, Any]) -> bool:
+    """Whether resume= of a finished run trains further: epochs= given and more than the epochs it trained."""
+    if "epochs" not in overrides:
+        return False
+    ckpt = Checkpoint.of(ckpt)
+    epochs = args.epochs if args is not None else coerce("epochs", overrides["epochs"])
+    return int(epochs) > int(ckpt.epoch) + 1
+
+
+def check_resume_epochs(ckpt: Checkpoint, args: Config, path: Path) -> None:
+    """epochs= on resume: any value that keeps the epochs already trained (a longer or a shorter run: the LR schedule and
+    close_mosaic are computed for the new length, see docs/cli.md); fewer is refused with one line."""
+    done = int(ckpt.epoch) + 1 + (1 if ckpt.epoch_batches else 0)  # a mid-epoch checkpoint: its epoch is under way
+    if args.epochs < done:
+        raise ConfigError(f"invalid value for 'epochs': {args.epochs} on resume of {path}, which has trained {done} epochs"
+                          f"{' (the last one partly)' if ckpt.epoch_batches else ''}; give epochs >= {done}")
+    total = int(ckpt.epochs) if ckpt.epochs is not None else args.epochs
+    trains = not ckpt.finished or args.epochs > int(ckpt.epoch) + 1
+    if trains and args.epochs != total and rank() in (-1, 0):
+        fresh = "; the optimizer state was dropped when the run finished, so it starts fresh (momentum, Adam moments)" \
+            if ckpt.optimizer is None else ""
+        LOGGER.info(f"resume: the run of {total} epochs continues as a run of {args.epochs} (recorded in args.yaml and the "
+                    f"checkpoints); the LR schedule and close_mosaic follow the new length from epoch {int(ckpt.epoch) + 2}{fresh}")
+
+
+def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
+    """resume= of a run that ended, without a larger epochs= (which trains it further: extends_finished_run): nothing to
+    train and nothing written; says how to train further. Returns (its saved metrics, the weights to use from now on:
+    best.pt, else the checkpoint)."""
+
+    args, ckpt, path = resumed.args, Checkpoint.of(resumed.ckpt, resumed.path), resumed.path
+    done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
+    how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
+    best = path.parent / "best.pt"
+    weights = best if best.is_file() else path
+    hint = (f"resume it with a larger epochs= (yolo-cb train resume={path} epochs={total + max(total, 1)}), or start a new run from "
+            f"its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))")
+    LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
+                f"To train further (fine-tune), {hint}")
+    return DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights
+
+
+# --- which settings ---------------------------------------------------------------------------------------------------
+def settings_to_resume(saved: dict, given: dict) -> dict:
+    """A checkpoint's settings under the user's: the pair close_mosaic / no_aug_epochs repaired in an older checkpoint (where
+    close_mosaic counted only when no_aug_epochs was 0), and the saved partner of an alias the user gives left out."""
+    saved = dict(saved)
+    if saved.get("close_mosaic") is not None and saved.get("no_aug_epochs") is not None and saved["close_mosaic"] != saved["no_aug_epochs"]:
+        saved["close_mosaic"] = saved["no_aug_epochs"] = saved["no_aug_epochs"] or saved["close_mosaic"]
+    for key, partner in (("close_mosaic", "no_aug_epochs"), ("no_aug_epochs", "close_mosaic")):
+        if key in given and partner not in given:
+            saved.pop(partner, None)
+    return saved
+
+
+def _names_code(key: str, value: Any) -> bool:
+    if value in (None, "", [], {}, (), False):
+        return False
+    if key == "lr_scheduler":
+        return names_code(value)
+    return True
+
+
+def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
+    try:
+        return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
+    except ValueError:
+        return False
+
+
+def resumable_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path | str, trains: bool = True) -> dict[str, Any]:
+    """The checkpoint's settings a resume may use, under the user's `given` ones: no place, no code.
+
+    When the resume `trains` (the run is not finished), raises ConfigError (one line, the value shortened) for code the
+    checkpoint records and the user did not give again, or an lr_scheduler naming code the user gives differently."""
+    saved = {k: v for k, v in train_args.items() if k not in PLACE_SETTINGS}
+    for key in CODE_SETTINGS:
+        recorded = saved.pop(key, None)
+        if not _names_code(key, recorded):
+            if recorded is not None:
+                saved[key] = recorded  # a built-in schedule: plain data, part of what is trained
+            continue
+        if not trains:
+            continue  # a finished run: nothing will run, so nothing is missing
+        if key not in given:
+            raise ConfigError(f"cannot resume {path}: it records {key}={short_repr(recorded)}, and yolo-cb never takes code "
+                              f"from a checkpoint; give {key}= again (the same value to keep it, or an empty "
+                              f"{key}= to resume without it)")
+        if key == "lr_scheduler" and not _same_lr_scheduler(given[key], recorded):
+            raise ConfigError(f"cannot change lr_scheduler={short_repr(given[key])} (was {short_repr(recorded)}) when resuming {path}: "
+                              f"the schedule decides what is trained; give the same lr_scheduler= again")
+    return saved
+
+
+# --- refusals: the same model, the same dataset -----------------------------------------------------------------------
+def _same_data_yaml(a: Any, b: Any) -> bool:
+    try:
+        return find_dataset_cfg(str(a)).resolve() == find_dataset_cfg(str(b)).resolve()
+    except (FileNotFoundError, OSError):
+        return False
+
+
+def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -> None:
+    """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
+    weights the run started from are fine; anything else would be silently ignored, so it is an error."""
+    if model is None:
+        return
+    ckpt = Checkpoint.of(ckpt, path)
+    recorded = (ckpt.train_args or {}).get("model")
+    was = recorded or f"the architecture {ckpt.model_cfg}"
+    refuse = ResumeError(f"cannot change model={model} (was {was}) when resuming {path}: resume continues the checkpoint's own "
+                         f"model and weights. Resume without model=, or start a new run: yolo-cb train model={model} data=...")
+    if str(model).endswith(".pt"):
+        own = {path} | ({Path(str(recorded)).expanduser().resolve()} if recorded and str(recorded).endswith(".pt") else set())
+        if Path(str(model)).expanduser().resolve() not in own:
+            raise refuse
+        return
+
+    arch, _ = load_model_cfg(str(model))
+    stored = ckpt.model_cfg or {}
+    shared = (set(arch) & set(stored)) - {"nc"}  # the whole record (nc is the dataset's); keys an older file lacks are skipped
+    if any(arch[k] != stored[k] for k in shared) or arch.get("family", "yolox") != stored.get("family", "yolox"):
+        raise refuse
+
+
+def check_resume_data(args, ckpt: Checkpoint | dict, path: Path) -> None:
+    """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
+
+    check_same_dataset(ckpt, check_data(args.data or "shapes.yaml", args.datasets_dir), path)
+
+
+def dataset_fingerprint(data: dict[str, Any], version: int = FINGERPRINT_VERSION) -> dict[str, Any]:
+    """What identifies a dataset for resume: its YAML (absolute), the number of train and val images, the class names;
+    in the form `version` (FINGERPRINT_VERSION) counts them, which new fingerprints record."""
+
+    def count(split) -> int:
+        try:
+            return len(list_image_files(split)) if split else 0
+        except FileNotFoundError:
+            return 0
+
+    names = data.get("names") or {}
+    val_sets = list((data.get("val_sets") or {"val": data.get("val")}).values())  # a list: as when it was one set
+    counted = val_sets[:1] if version < 2 and data.get("val_named") else val_sets
+    fingerprint = {"yaml": str(data.get("yaml_file", "")), "train_images": count(data.get("train")),
+                   "val_images": sum(count(split) for split in counted), "names": [str(names[k]) for k in sorted(names)]}
+    return {**fingerprint, "version": version} if version >= 2 else fingerprint
+
+
+def describe_dataset(fingerprint: dict[str, Any]) -> str:
+    names = fingerprint.get("names") or []
+    shown = ", ".join(printable(n) for n in names[:8])  # the names escaped: this message is printed, the names are a data YAML's + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
+
+
+def check_same_dataset(ckpt: Checkpoint | dict[str, Any], data: dict[str, Any], path: Any) -> None:
+    """Refuse (ResumeError) to resume `ckpt` on a dataset (`data`, check_data's dict) other than the one it was trained
+    on, naming both; the images are counted as the checkpoint's fingerprint counted them (its version)."""
+    ckpt = Checkpoint.of(ckpt, path)
+    old = ckpt.data_fingerprint
+    fingerprint = dataset_fingerprint(data, int(old.get("version", 1)) if old is not None else FINGERPRINT_VERSION)
+    if old is None:  # an older checkpoint: only its class names are known
+        old_names = [str(v) for _, v in sorted((int(k), v) for k, v in (ckpt.names or {}).items())]
+        if old_names and old_names != fingerprint["names"]:
+            raise ResumeError(f"cannot resume {path}: it was trained on the classes {old_names}, but the dataset is now "
+                              f"{describe_dataset(fingerprint)}. Resume needs the dataset the run was trained on.")
+        return
+    keys = ("train_images", "val_images", "names")
+    if any(old.get(k) != fingerprint.get(k) for k in keys):
+        raise ResumeError(f"cannot resume {path}: the dataset changed. The run was trained on {describe_dataset(old)}; "
+                          f"now it is {describe_dataset(fingerprint)}. Resume needs the same dataset; to train on another one, "
+                          f"start a new run from the weights (model={path} data=...).")
+
+
+# --- which folder -----------------------------------------------------------------------------------------------------
+def run_folder(args: Config, ckpt: Checkpoint | dict) -> Path:
+    """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
+    other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
+    checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
+    path = Path(str(args.resume)).expanduser().resolve()
+    recorded, own = Checkpoint.of(ckpt, path).save_dir, path.parent.parent
+    at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
+    named = (Path(args.project) if args.project else default_project(args)) / (args.name or own.name)
+    if at_home and (not (args.project or args.name) or named.resolve() == own):
+        return own
+    folder = run_dir(Config(**{**args.as_dict(), "exist_ok": False}), "train")
+    why = (f"project=/name= name another folder than its own, {own}" if at_home else
+           f"{path} does not lie in the weights/ of its run folder {recorded}" if recorded else
+           f"{path} records no run folder (written by an older yolo-cb)")
+    LOGGER.warning(f"WARNING resuming into a new run folder {folder}: {why}; nothing is written next to {path}")
+    return folder

@@ -1,0 +1,144 @@
+"""The trainer's run state, typed: where the run is, its losses, its latest metrics, its best epoch, whether it stops.
+
+`trainer.state` holds one RunState. The names callbacks read (Ultralytics' `trainer.epoch`, `trainer.metrics`,
+`trainer.stop`, ...) are properties of the Trainer over these fields (`state_field`), so a callback's write lands here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from yolo_cb.recipe.stop import StopCause
+
+
+@dataclass
+class Progress:
+    """Where the run is: epochs (0-based), batches of the current epoch, optimizer steps."""
+
+    setup_done: bool = False  # model, loaders and optimizer are built: a checkpoint can be written
+    epochs: int = 0  # epochs to train in all
+    start_epoch: int = 0  # the first epoch this process trains (after a resume: the one after the checkpoint's)
+    epoch: int = 0  # the current epoch
+    completed_epoch: int = -1  # last epoch whose batches all ran (what a checkpoint's `epoch` means)
+    batch_i: int = 0  # index of the current batch in its epoch
+    batches_done: int = 0  # batches of the current epoch trained so far (a mid-epoch checkpoint's position)
+    optimizer_steps: int = 0  # optimizer steps since the run began (save_steps counts these)
+    stepped: bool = False  # an optimizer step since the last completed epoch: weights are no longer that epoch's
+    save_step_due: bool = False  # the batch just ended with a save_steps multiple: the checkpoint callback writes last.pt
+    loop_done: bool = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
+    mid_epoch: Any = None  # on a mid-epoch resume: where the first epoch continues (resume_state.MidEpoch)
+
+
+@dataclass
+class Losses:
+    """The training losses: the last batch's items and the epoch's running mean (both detached, on the CPU)."""
+
+    loss_items: torch.Tensor | None = None
+    tloss: torch.Tensor | None = None
+
+
+@dataclass
+class Metrics:
+    """The latest validated metrics and what follows from them."""
+
+    values: dict[str, float] = field(default_factory=dict)  # trainer.metrics (NaN placeholders until the first validation)
+    epoch: int | None = None  # the 0-based epoch they belong to (None: nothing validated yet)
+    fitness: float | None = None
+    monitor_value: float | None = None  # the monitored metric's latest validated value
+    lr: dict[str, float] = field(default_factory=dict)  # lr/pg<i> at the end of the last epoch
+
+
+@dataclass
+class Best:
+    """The best monitored value so far and the epoch whose weights best.pt holds."""
+
+    fitness: float | None = None
+    epoch: int | None = None
+    improved: bool = False  # the epoch just validated improved on it (best.pt is written)
+
+
+@dataclass
+class Stop:
+    """Whether the run ends at the next batch or epoch boundary, and why."""
+
+    flag: bool = False
+    cause: StopCause | None = None
+    reason: str = ""
+
+
+@dataclass
+class RunState:
+    progress: Progress = field(default_factory=Progress)
+    losses: Losses = field(default_factory=Losses)
+    metrics: Metrics = field(default_factory=Metrics)
+    best: Best = field(default_factory=Best)
+    stop: Stop = field(default_factory=Stop)
+
+
+def state_field(group: str, name: str, doc: str = "") -> property:
+    """A Trainer property reading and writing `trainer.state.<group>.<name>`."""
+
+    def get(trainer):
+        return getattr(getattr(trainer.state, group), name)
+
+    def put(trainer, value):
+        setattr(getattr(trainer.state, group), name, value)
+
+    return property(get, put, doc=doc or f"trainer.state.{group}.{name}")
+
+
+def delegate(holder: str, name: str, doc: str = "") -> property:
+    """A Trainer property reading and writing `trainer.<holder>.<name>` (a collaborator's attribute under its usual name)."""
+
+    def get(trainer):
+        return getattr(getattr(trainer, holder), name)
+
+    def put(trainer, value):
+        setattr(getattr(trainer, holder), name, value)
+
+    return property(get, put, doc=doc or f"trainer.{holder}.{name}")
+
+
+# Where an epoch's time goes, each a column of results.csv and a scalar of every logger (time/<phase>_ms). Host time:
+# on a GPU, kernels run asynchronously and are counted where the host waits for them (the loss's copy to the CPU).
+PHASES = ("data", "forward", "backward", "optimizer", "callbacks", "val")
+
+
+class Clock:
+    """The run's wall-clock time, each epoch's (on_train_epoch_start to on_fit_epoch_end, validation and saving
+    included), and the epoch's phases (PHASES: seconds spent in each since the epoch began)."""
+
+    def __init__(self):
+        self.start = time.time()
+        self.epoch_time: float | None = None  # seconds the last epoch took (set before on_fit_epoch_end)
+        self.epoch_time_start: float | None = None
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.epoch_start = time.perf_counter()  # when the current epoch's phases began
+        self.mark = self.epoch_start  # the end of the last timed span (the data wait runs from here to the next batch)
+
+    def spent(self, phase: str, since: float) -> float:
+        """Add the time from `since` to now to `phase`; returns now."""
+        now = time.perf_counter()
+        self.phases[phase] += now - since
+        return now
+
+    def phase_ms(self) -> dict[str, float]:
+        """time/<phase>_ms of the current epoch so far, and time/epoch_ms: its wall time so far."""
+        ms = {f"time/{name}_ms": round(1000 * seconds, 3) for name, seconds in self.phases.items()}
+        return {**ms, "time/epoch_ms": round(1000 * (time.perf_counter() - self.epoch_start), 3)}
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def on_event(self, event: str) -> None:
+        if event == "on_train_epoch_start":
+            self.epoch_time_start = time.time()
+            self.phases = dict.fromkeys(PHASES, 0.0)
+            self.epoch_start = time.perf_counter()
+        elif event == "on_fit_epoch_end" and self.epoch_time_start is not None:
+            self.epoch_time = time.time() - self.epoch_time_start

@@ -1,0 +1,67 @@
+"""SIGINT / SIGTERM / SIGUSR1 during training: stop at the end of the batch, save last.pt, exit 130 / 143 / 138.
+
+And the one all-reduce that makes every rank stop together, on `trainer.stop` or on a signal any rank received.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from yolo_cb.recipe.stop import StopCause
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.log import LOGGER
+
+# exit codes after a signal (last.pt saved first); 143 and 138 tell a job script to requeue (docs/distributed.md)
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, **({signal.SIGUSR1: 138} if hasattr(signal, "SIGUSR1") else {})}
+
+
+class SignalWatch:
+    """The signal received (here or, once agreed, on another rank) and the handlers it replaced."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.agreed = False  # every rank knows of the signal and stopped at the same batch: a save there is exact
+        self._previous: dict = {}
+
+    def install(self, trainer) -> None:
+        if threading.current_thread() is not threading.main_thread():  # handlers can only be installed from the main thread
+            return
+
+        def handler(signum, frame):
+            if self.signum is not None:  # a second signal: stop now
+                raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[signum])
+            self.signum = signum
+            trainer.request_stop(StopCause.SIGNAL, f"{signal.Signals(signum).name} received")
+            LOGGER.warning(f"{signal.Signals(signum).name} received: stopping at the end of this batch and saving last.pt (again to abort now)")
+
+        for sig in SIGNAL_EXIT:
+            self._previous[sig] = signal.signal(sig, handler)
+
+    def restore(self) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        self._previous = {}
+
+    def agree_to_stop(self, trainer) -> bool:
+        """Combine trainer.stop and any received signal over all ranks (one all-reduce), so every rank stops together."""
+        stop, signum = distributed.max_over_ranks([trainer.stop, self.signum or 0], trainer.flag_device)
+        self.agreed = self.agreed or bool(signum)
+        state = trainer.state.stop
+        if signum and self.signum is None:
+            self.signum = signum
+            state.cause = state.cause or StopCause.SIGNAL
+            state.reason = state.reason or f"{signal.Signals(signum).name} received on another rank"
+        if stop and not state.flag:
+            state.flag = True
+            state.reason = state.reason or "trainer.stop was set on another rank"
+        if stop and state.cause is None:
+            state.cause = StopCause.CALLBACK
+        return bool(stop)
+
+    def raise_on_signal(self, trainer) -> None:
+        """After a SIGINT/SIGTERM/SIGUSR1: leave the loop as an interrupt (exit 130 / 143 / 138 on the CLI)."""
+        if self.signum is not None and self.agreed and not trainer.loop_done:
+            trainer.checkpointer.gather_rank_rng(trainer)  # every rank is here (they agreed at the same batch): the save that follows is exact
+        if self.signum is not None:
+            raise KeyboardInterrupt if self.signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[self.signum])

@@ -1,0 +1,185 @@
+"""One training batch: forward under AMP, the non-finite guard, backward, accumulation, clipping, the optimizer step, EMA.
+
+`BatchStep` holds what the step needs between batches (the scaler, the accumulation, the warmup length) and the current
+batch's values callbacks read (`trainer.batch`, `trainer.loss`, ...: properties of the Trainer over these attributes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from time import perf_counter
+
+import numpy as np
+import torch
+
+from yolo_cb.recipe.optim import build_optimizer, resolve_optimizer, sync_late_groups
+from yolo_cb.utils import dist as distributed
+from yolo_cb.utils.log import LOGGER
+
+MAX_NONFINITE_IN_A_ROW = 5  # consecutive non-finite losses tolerated (each skips its step) before the run fails
+
+
+def clip_norm(grad_clip: float, nbs: int) -> float:
+    """The largest gradient norm let through, in the units of the gradient the step holds: grad_clip= is a norm of the
+    gradient of the loss summed over the nominal batch's images (Ultralytics' units, which clip at 10); the step holds
+    that of the mean over those images (the backward scales each batch by batch/nbs), 1/nbs of it."""
+    return float(grad_clip) / max(int(nbs), 1)
+
+
+CPU_BF16_ENV = "YOLO_CB_CPU_BF16"  # "0" / "1": overrides the detection below (run as a CPU without / with native bf16)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX): there, bf16 autocast roughly halves a train
+    step (BENCHMARKS.md); elsewhere bf16 is emulated and slower than fp32. $YOLO_CB_CPU_BF16=0 or 1 decides instead
+    (with ONEDNN_MAX_CPU_ISA, how `make test-isa` runs the numerically sensitive tests as another CPU kind would)."""
+    override = os.environ.get(CPU_BF16_ENV, "").strip()
+    if override in ("0", "1"):
+        return override == "1"
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def amp_plan(amp: bool, device: torch.device) -> tuple[bool, torch.dtype]:
+    """(autocast on, its dtype) for amp= on this device: CUDA bf16 where supported, else fp16 (with a GradScaler); a CPU
+    with native bf16: bf16; any other CPU: off (fp32)."""
+    if amp and device.type == "cuda":
+        return True, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if amp and device.type == "cpu" and cpu_has_native_bf16():
+        return True, torch.bfloat16
+    return False, torch.float16
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/inf for too many batches in a row."""
+
+
+class BatchStep:
+    """Forward, backward and the optimizer step of one batch, with what they carry from batch to batch."""
+
+    def __init__(self, imgsz: int):
+        self.batch = None  # the current batch (the loader's dict)
+        self.loss = None  # its total loss (a tensor with its graph, until backward)
+        self.batch_instances = 0  # boxes in the current batch
+        self.batch_size_px = imgsz  # its image size
+        self.scaler = torch.amp.GradScaler("cuda", enabled=False)
+        self.amp_dtype, self.use_amp = torch.float16, False
+        self.global_batch = 0  # images per optimizer step over all ranks, before accumulation
+        self.accumulate = 1  # batches per optimizer step
+        self.last_opt_step = -1  # the batch index (over the run) of the last optimizer step
+        self.warmup_iters = -1  # batches of warmup (-1: none)
+        self.warmup_bias_lr = 0.0
+        self.optimizer_name, self.momentum = "", 0.0
+        self.nonfinite_in_a_row = 0
+
+    def build_optimizer(self, args, model: torch.nn.Module, device: torch.device, world_size: int, num_batches: int,
+                        dataset_size: int, epochs: int, frozen: list[str] = ()) -> torch.optim.Optimizer:
+        """The optimizer, with the accumulation, weight decay, warmup and AMP that follow from the settings; `frozen`
+        (the modules freeze= froze) get late groups of their own when unfreeze_warmup > 0 (recipe/optim.py)."""
+        self.global_batch = args.batch * world_size  # `batch` is per process under DDP
+        self.accumulate = max(round(args.nbs / self.global_batch), 1)
+        weight_decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
+        iterations = math.ceil(dataset_size / max(args.batch, args.nbs)) * epochs
+        name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
+        self.optimizer_name, self.momentum = name, momentum
+        ramp_iters = max(round(args.unfreeze_warmup * num_batches), 1) if args.unfreeze_warmup > 0 else 0
+        optimizer = build_optimizer(model, name, lr, momentum, weight_decay, frozen, ramp_iters)
+        self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
+        self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
+        self.use_amp, self.amp_dtype = amp_plan(bool(args.amp), device)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
+        if self.use_amp and device.type == "cpu":
+            LOGGER.info("amp: the forward runs under bf16 autocast on this CPU (native bf16); amp=False trains in fp32")
+        self.last_opt_step = -1
+        return optimizer
+
+    def run(self, trainer) -> None:
+        """Train on trainer.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
+        trainer.run_callbacks("on_train_batch_start")
+        clock, start = trainer.clock, perf_counter()
+        args, device = trainer.args, trainer.device
+        ni = trainer.batch_i + trainer.num_batches * trainer.epoch
+        self.warmup_accumulate(ni, args.nbs)
+        images = self.batch["img"].to(device, non_blocking=True).float() / 255  # non_blocking: the loader pins memory on CUDA
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        targets = self.batch["targets"].to(device, non_blocking=True)
+        self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
+        with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            loss_dict = self.forward(trainer)(images, targets)
+        read = self.loss = loss_dict["total"]
+        finite = self.read_losses(trainer, loss_dict)
+        clock.spent("forward", start)
+        trainer.run_callbacks("on_train_batch_loss_end")
+        if self.loss is not read:  # a callback replaced the loss (trainer.loss = ...): the guard checks what will be backpropagated
+            finite = bool(torch.isfinite(self.loss.detach()).all())
+        if distributed.any_rank(not finite, trainer.flag_device):
+            self.skip_nonfinite(trainer)
+            return
+        self.nonfinite_in_a_row = 0
+        losses, i = trainer.state.losses, trainer.batch_i
+        losses.tloss = losses.loss_items if losses.tloss is None else (losses.tloss * i + losses.loss_items) / (i + 1)
+        # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
+        # DDP averages gradients over ranks; * world_size makes that a sum over the global batch
+        start = perf_counter()
+        self.scaler.scale(self.loss * self.global_batch / args.nbs).backward()
+        clock.spent("backward", start)
+        trainer.run_callbacks("on_after_backward")
+        if ni - self.last_opt_step >= self.accumulate:
+            self.optimizer_step(trainer, ni)
+            self.last_opt_step = ni
+
+    @staticmethod
+    def forward(trainer):
+        """The module the batch runs through: compile='s torch.compile over the model, else the model."""
+        compiled = trainer.parts.compiled
+        return compiled if compiled is not None else trainer.model  # not `or`: a module's truth value is its len()
+
+    def read_losses(self, trainer, loss_dict: dict) -> bool:
+        """trainer.loss_items (on the CPU, as callbacks read them) and whether the total is finite, in ONE device-to-host
+        copy: on CUDA each copy waits for the GPU, and two per batch (the items, then the finite check) stalled it twice."""
+        values = torch.stack([self.loss.detach().float(), *(loss_dict[n].detach().float() for n in trainer.criterion.loss_names)]).cpu()
+        trainer.loss_items = values[1:]
+        return bool(torch.isfinite(values[0]))
+
+    def skip_nonfinite(self, trainer) -> None:
+        self.nonfinite_in_a_row += 1
+        LOGGER.warning(f"WARNING non-finite loss {self.loss.item()} at epoch {trainer.epoch + 1} batch {trainer.batch_i}: step skipped "
+                       f"({self.nonfinite_in_a_row}/{MAX_NONFINITE_IN_A_ROW} in a row)")
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            raise NonFiniteLossError(f"the loss was NaN/inf for {self.nonfinite_in_a_row} batches in a row (epoch {trainer.epoch + 1}, "
+                                     f"batch {trainer.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
+
+    def optimizer_step(self, trainer, ni: int) -> None:
+        optimizer, clock = trainer.optimizer, trainer.clock
+        start = perf_counter()
+        sync_late_groups(optimizer, ni)  # unfrozen layers' own warmup: their LR follows the schedule's times a ramp
+        self.scaler.unscale_(optimizer)
+        clock.spent("optimizer", start)
+        trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
+        start = perf_counter()
+        if trainer.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=clip_norm(trainer.args.grad_clip, trainer.args.nbs))
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        progress = trainer.state.progress
+        progress.stepped = True
+        progress.optimizer_steps += 1
+        clock.spent("optimizer", start)
+        trainer.run_callbacks("optimizer_step")
+        trainer.run_callbacks("on_before_zero_grad")
+        start = perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        if trainer.ema is not None:
+            trainer.ema.update(trainer.model)
+        clock.spent("optimizer", start)
+
+    def warmup_accumulate(self, ni: int, nbs: int) -> None:
+        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the lr_schedule callback's."""
+        if ni > self.warmup_iters:
+            return
+        self.accumulate = max(1, int(np.interp(ni, [0, self.warmup_iters], [1, nbs / self.global_batch]).round()))
