@@ -27,6 +27,8 @@ CALLBACK_NAMES = (
     "request_stop", "exception", "is_main", "elapsed", "resume_ckpt", "loss_names", "frozen", "validate_every_epoch",
     "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
     "data_fingerprint", "lr_schedule", "epoch_record", "new_images", "setup_done",
+    # the controls (docs/callbacks.md): beside request_stop and stop
+    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best",
 )
 
 
@@ -89,7 +91,7 @@ def test_run_state_fields_are_few_and_typed():
 
     state = RunState()
     groups = [getattr(state, f.name) for f in fields(state)]
-    assert sum(len(fields(g)) for g in groups) <= 25
+    assert sum(len(fields(g)) for g in groups) <= 27  # 25, and the two states the controls set (validate_each_epoch, restore_best)
     assert all(f.type for g in groups for f in fields(g))
 
 

@@ -300,7 +300,26 @@ class Config(SimpleNamespace):
     (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
     it) and its parsed form (yolo_cb.callbacks.lr_settings.parsed) in a slot, outside the settings."""
 
-    __slots__ = ("_lr_scheduler",)
+    __slots__ = ("_lr_scheduler", "_sealed")
+
+    def seal(self) -> Config:
+        """Fix the settings: a run is planned once (the trainer freezes its settings when it is made); a later write of a
+        setting raises, naming what steers a run instead (docs/callbacks.md, "Controls")."""
+        object.__setattr__(self, "_sealed", True)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_sealed", False) and not name.startswith("_") and getattr(self, name, object()) != value:
+            raise AttributeError(f"args.{name} cannot be changed: the settings are fixed once a run is planned (a write now would "
+                                 f"change nothing already built from it). Pass {name}= to train(), or steer the run through "
+                                 f"the trainer's controls: trainer.request_stop(...), trainer.end_after(epochs), the optimizer's "
+                                 f"param_groups LR (docs/callbacks.md, Controls)")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if getattr(self, "_sealed", False):
+            raise AttributeError(f"args.{name} cannot be deleted: the settings are fixed once a run is planned")
+        super().__delattr__(name)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -196,7 +196,7 @@ class YOLO(ModelHabits):
             trainer.resume_ckpt = resuming.ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
         self.trainer = trainer
         self.metrics = final_metrics(trainer.train(), trainer.validator)
-        best = trainer.wdir / ("best.pt" if trainer.args.restore_best else "last.pt")  # restore_best=False: the last epoch's
+        best = trainer.wdir / ("best.pt" if trainer.restore_best else "last.pt")  # restore_best=False: the last epoch's
         if best.is_file():
             self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
         self._keep_overrides(args)

@@ -227,10 +227,10 @@ class EarlyStopping:
 
     def on_pretrain_routine_start(self, trainer):
         if self.restore is not None:
-            trainer.args.restore_best = self.restore  # YOLO.train() reads it for the weights it keeps
+            trainer.restore_best = self.restore  # a control: YOLO.train() keeps the weights it says
 
     def on_train_end(self, trainer):
-        if trainer.args.restore_best and trainer.stop_cause == StopCause.EARLY_STOPPING:
+        if trainer.restore_best and trainer.stop_cause == StopCause.EARLY_STOPPING:
             restore_best_weights(trainer)
 
     def state_dict(self):

@@ -88,5 +88,5 @@ class StageSwitch:
         for criterion in (trainer.criterion, getattr(getattr(ema, "ema", None), "criterion", None)):  # the EMA's: val/l1_loss
             if isinstance(criterion, YOLOXLoss):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
                 criterion.set_l1(True)
-        trainer.validate_every_epoch = True
+        trainer.validate_each_epoch()
         self.applied = True

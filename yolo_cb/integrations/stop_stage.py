@@ -42,12 +42,11 @@ class StopStage:
             raise ConfigError(f"invalid value for 'stop_close_mosaic': finish with next_stage_start_epoch="
                               f"{trainer.args.next_stage_start_epoch} (a fixed stage start cannot be moved forward); use skip")
         if self.end is not None:
-            trainer.epochs = self.end  # resumed during a stage that early stopping moved forward
+            trainer.end_after(self.end)  # resumed during a stage that early stopping moved forward
 
     def on_fit_epoch_end(self, trainer):
         if self.end is not None:  # finishing the stage: early stopping does not end it early; its last epoch does
-            if trainer.stop_cause == StopCause.EARLY_STOPPING:
-                trainer.stop, trainer.stop_cause, trainer.stop_reason = False, None, ""
+            trainer.withdraw_stop(StopCause.EARLY_STOPPING)
             if trainer.epoch + 1 >= self.end:
                 trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping, after the close_mosaic stage (epoch {self.end})")
             return
@@ -66,5 +65,5 @@ class StopStage:
         if trainer.is_main:
             LOGGER.info(f"{trainer.stop_reason}; stop_close_mosaic=finish: the close_mosaic stage trains first, epochs "
                         f"{trainer.epoch + 2}-{self.end}, then the run ends (it was {trainer.epochs} epochs)")
-        trainer.stop, trainer.stop_cause, trainer.stop_reason = False, None, ""
-        trainer.epochs = self.end
+        trainer.withdraw_stop(StopCause.EARLY_STOPPING)
+        trainer.end_after(self.end)

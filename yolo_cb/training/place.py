@@ -97,7 +97,6 @@ def ddp_backend(use_cuda: bool, local_world: int, gpus: int) -> str:
 def make_save_dir(trainer) -> None:
     """The run folder, on rank 0 made and locked (a second run there is refused), shared with every rank."""
     place, args, ckpt = trainer.place, trainer.args, trainer.resume_ckpt
-    record_data_path(args)
     folder, refusal = place.save_dir, None
     if trainer.is_main:
         try:

@@ -30,6 +30,7 @@ class Progress:
     stepped: bool = False  # an optimizer step since the last completed epoch: weights are no longer that epoch's
     save_step_due: bool = False  # the batch just ended with a save_steps multiple: the checkpoint callback writes last.pt
     loop_done: bool = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
+    validate_every_epoch: bool = False  # trainer.validate_each_epoch() was called: every epoch from then on validates
     mid_epoch: Any = None  # on a mid-epoch resume: where the first epoch continues (resume_state.MidEpoch)
 
 
@@ -68,6 +69,7 @@ class Stop:
     flag: bool = False
     cause: StopCause | None = None
     reason: str = ""
+    restore_best: bool = True  # after early stopping the run ends on best.pt's weights (restore_best=, or a callback's choice)
 
 
 @dataclass

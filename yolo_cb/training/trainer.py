@@ -24,7 +24,7 @@ from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
-from yolo_cb.training.place import Place, make_save_dir
+from yolo_cb.training.place import Place, make_save_dir, record_data_path
 from yolo_cb.training.run_state import Clock, Progress, RunState, delegate, state_field
 from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
 from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError  # noqa: F401  (public names)
@@ -56,6 +56,8 @@ class Trainer:
         self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
         if args.model is None and isinstance(model, (str, Path)):
             args.model = str(model)  # args.yaml and checkpoints record the model really used, never null
+        record_data_path(args)
+        args.seal()  # the plan's last word: from here on, settings are read, never written (callbacks use the controls)
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.state = RunState(progress=Progress(epochs=args.epochs))  # epoch, losses, metrics, best, stop: run_state.py
         self.parts = build.Parts()  # model, ema, optimizer, criterion, loaders, validator, data
@@ -68,19 +70,21 @@ class Trainer:
         self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
         self.resume_ckpt: dict | None = None
         self.exception: BaseException | None = None
-        self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
+        self.restore_best = bool(args.restore_best)
 
     # --- the run state's fields under the names callbacks know (Ultralytics' where it has one) --------------------
     epochs, start_epoch, epoch = (state_field("progress", n) for n in ("epochs", "start_epoch", "epoch"))
     completed_epoch, batch_i, batches_done = (state_field("progress", n) for n in ("completed_epoch", "batch_i", "batches_done"))
     optimizer_steps, stepped, save_step_due = (state_field("progress", n) for n in ("optimizer_steps", "stepped", "save_step_due"))
     loop_done, mid_epoch, setup_done = (state_field("progress", n) for n in ("loop_done", "mid_epoch", "setup_done"))
+    validate_every_epoch = state_field("progress", "validate_every_epoch")
     loss_items, tloss = state_field("losses", "loss_items"), state_field("losses", "tloss")
     metrics, metrics_epoch = state_field("metrics", "values"), state_field("metrics", "epoch")
     fitness, monitor_value, lr = (state_field("metrics", n) for n in ("fitness", "monitor_value", "lr"))
     best_fitness, best_epoch, improved = (state_field("best", n) for n in ("fitness", "epoch", "improved"))
     stop = state_field("stop", "flag", "Set True from any callback to end the run at the next batch or epoch boundary on every rank.")
     stop_cause, stop_reason = state_field("stop", "cause"), state_field("stop", "reason")
+    restore_best = state_field("stop", "restore_best", "A control: after early stopping, end on best.pt's weights (True) or the last epoch's.")
     # --- and the collaborators' -------------------------------------------------------------------------------------
     model, ema, optimizer, criterion = (delegate("parts", n) for n in ("model", "ema", "optimizer", "criterion"))
     train_loader, test_loader, validator = (delegate("parts", n) for n in ("train_loader", "test_loader", "validator"))
@@ -126,10 +130,31 @@ class Trainer:
         self.callbacks.run(event, self)
         clock.spent("callbacks", start)
 
+    # --- the controls: how a callback steers the run (docs/callbacks.md, "Controls"); settings are fixed -------------
     def request_stop(self, cause: StopCause, reason: str) -> None:
         """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
         if not self.stop or self.stop_cause is None:
             self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
+
+    def withdraw_stop(self, cause: StopCause) -> bool:
+        """Withdraw a pending stop of `cause` (one of another cause stands: a signal, the time limit); True if withdrawn."""
+        if not (self.stop and self.stop_cause == StopCause(cause)):
+            return False
+        self.stop, self.stop_cause, self.stop_reason = False, None, ""
+        return True
+
+    def end_after(self, epochs: int) -> None:
+        """Shorten the run: it ends after `epochs` epochs (at least those already completed, at most the planned ones);
+        the LR schedule keeps the curve of the planned length."""
+        done, planned = self.completed_epoch + 1, int(self.args.epochs)
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or not max(done, 1) <= epochs <= planned:
+            raise ValueError(f"trainer.end_after({epochs!r}): expected an integer from {max(done, 1)} (epochs completed) "
+                             f"to {planned} (the planned epochs)")
+        self.epochs = epochs
+
+    def validate_each_epoch(self) -> None:
+        """Validate after every epoch from now on, whatever val_period says (the YOLOX no-augmentation stage does)."""
+        self.validate_every_epoch = True
 
     # --- what Ultralytics' trainer exposes to callbacks and integrations -------------------
     def add_callback(self, event: str, fn, on_error: str = "raise", **placement) -> None:
@@ -216,8 +241,9 @@ class Trainer:
                 self.signals.raise_on_signal(self)
                 LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                 break
-            if epoch + 1 < self.epochs:
-                self.run_callbacks("on_params_update")  # the LR schedule callback set the next epoch's LR in on_model_save
+            if epoch + 1 >= self.epochs:  # the last epoch (trainer.end_after may have shortened the run)
+                break
+            self.run_callbacks("on_params_update")  # the LR schedule callback set the next epoch's LR in on_model_save
         self.loop_done = True
 
     def _finish(self) -> None:
