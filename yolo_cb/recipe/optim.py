@@ -147,3 +147,13 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
                 f"(decay {weight_decay:.3g}), {len(norm)} norm weights{note}")
     return optimizer
 
+
+
+def adopt_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """An optimizer from any build_optimizer (a trainer subclass's too), ready for the LR schedule: each group's
+    `initial_lr` (the LR the schedule scales) is its LR where the builder set none."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"build_optimizer() returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    return optimizer

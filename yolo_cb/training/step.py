@@ -13,7 +13,7 @@ from time import perf_counter
 import numpy as np
 import torch
 
-from yolo_cb.recipe.optim import build_optimizer, resolve_optimizer, sync_late_groups
+from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -75,18 +75,15 @@ class BatchStep:
         self.optimizer_name, self.momentum = "", 0.0
         self.nonfinite_in_a_row = 0
 
-    def build_optimizer(self, args, model: torch.nn.Module, device: torch.device, world_size: int, num_batches: int,
-                        dataset_size: int, epochs: int, frozen: list[str] = ()) -> torch.optim.Optimizer:
-        """The optimizer, with the accumulation, weight decay, warmup and AMP that follow from the settings; `frozen`
-        (the modules freeze= froze) get late groups of their own when unfreeze_warmup > 0 (recipe/optim.py)."""
+    def plan_optimizer(self, args, device: torch.device, world_size: int, num_batches: int, dataset_size: int,
+                       epochs: int) -> dict:
+        """The accumulation, warmup and AMP that follow from the settings; returns the optimizer's arguments in
+        Ultralytics' build_optimizer(model, name, lr, momentum, decay, iterations) terms."""
         self.global_batch = args.batch * world_size  # `batch` is per process under DDP
         self.accumulate = max(round(args.nbs / self.global_batch), 1)
-        weight_decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
+        decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
         iterations = math.ceil(dataset_size / max(args.batch, args.nbs)) * epochs
-        name, lr, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
-        self.optimizer_name, self.momentum = name, momentum
-        ramp_iters = max(round(args.unfreeze_warmup * num_batches), 1) if args.unfreeze_warmup > 0 else 0
-        optimizer = build_optimizer(model, name, lr, momentum, weight_decay, frozen, ramp_iters)
+        self.optimizer_name, _, self.momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
         self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
         self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
         self.use_amp, self.amp_dtype = amp_plan(bool(args.amp), device)
@@ -94,7 +91,7 @@ class BatchStep:
         if self.use_amp and device.type == "cpu":
             LOGGER.info("amp: the forward runs under bf16 autocast on this CPU (native bf16); amp=False trains in fp32")
         self.last_opt_step = -1
-        return optimizer
+        return {"name": args.optimizer, "lr": args.lr0, "momentum": args.momentum, "decay": decay, "iterations": iterations}
 
     def run(self, trainer) -> None:
         """Train on trainer.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""

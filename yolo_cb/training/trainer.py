@@ -12,6 +12,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+import torch
+
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
@@ -19,6 +21,7 @@ from yolo_cb.evaluation import val_sets
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.recipe.ema import ModelEMA
 from yolo_cb.recipe.monitor import Monitor
+from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
 from yolo_cb.recipe.stop import StopCause, refuse_foreign_stop_flag
 from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
@@ -279,8 +282,8 @@ class Trainer:
         self.data = build.check_data(self)
         self._build_model()
         build.build_loaders(self)
-        self.optimizer = self.step.build_optimizer(args, self.model, self.device, self.world_size, self.num_batches,
-                                                   len(self.train_loader.dataset), self.epochs, self.frozen)
+        planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)
+        self.optimizer = adopt_optimizer(self.build_optimizer(self.model, **planned))
         self.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)
@@ -333,6 +336,23 @@ class Trainer:
     def _train_batch(self) -> None:
         self.step.run(self)
 
+    # --- Ultralytics' steps a subclass may override: the loop calls them by name --------------------------------
+    def build_optimizer(self, model, name: str = "auto", lr: float = 0.001, momentum: float = 0.9, decay: float = 1e-5,
+                        iterations: float = 1e5) -> torch.optim.Optimizer:
+        """The optimizer (Ultralytics' signature; `decay` is already scaled to the nominal batch): groups 0-2 (biases,
+        decay weights, norm weights), and with unfreeze_warmup the frozen layers' late groups (recipe/optim.py). An
+        override's optimizer is used as it returns it; the LR schedule then owns each of its groups."""
+        name, lr, momentum = resolve_optimizer(name, lr, momentum, int(iterations))
+        ramp_iters = max(round(self.args.unfreeze_warmup * self.num_batches), 1) if self.args.unfreeze_warmup > 0 else 0
+        return build_optimizer(model, name, lr, momentum, decay, self.frozen, ramp_iters)
+
+    def validate(self) -> tuple[dict, float]:
+        """(metrics, fitness) of this epoch (Ultralytics' return): every validation set on rank 0, shared with every
+        rank. An override may add metrics or change the fitness (call super().validate() first)."""
+        metrics = val_sets.validate_sets(self) if self.is_main else None  # every validation set (one, usually)
+        metrics = distributed.broadcast_object(metrics)
+        return metrics, float(metrics.get("fitness", 0.0))
+
     # --- validation and saving ------------------------------------------------------------
     def _should_validate(self) -> bool:
         final = self.epoch + 1 == self.epochs
@@ -343,11 +363,10 @@ class Trainer:
         self.improved = False
         if self._should_validate():
             start = perf_counter()
-            metrics = val_sets.validate_sets(self) if self.is_main else None  # every validation set (one, usually)
-            metrics = distributed.broadcast_object(metrics)
+            metrics, fitness = self.validate()
             self.clock.spent("val", start)
-            self.metrics, self.metrics_epoch = dict(metrics), self.epoch
-            self.fitness = float(self.metrics.get("fitness", 0.0))
+            self.fitness = float(fitness)
+            self.metrics, self.metrics_epoch = {**metrics, "fitness": self.fitness}, self.epoch  # monitor=fitness follows validate()
             self.monitor_value = self.monitor.value(self.metrics)
             if self.monitor.improved(self.monitor_value, self.best_fitness):
                 self.best_fitness, self.improved = self.monitor_value, True

@@ -3,7 +3,8 @@
 Ultralytics' custom-trainer guides subclass its trainer and override these methods. The yolo-cb loop never calls
 them (its steps are callbacks on events), so a subclass defining one would train as if it did not: `refuse_unread_hooks`
 refuses such a class at train() with one line naming each method and the yolo-cb way to do its job. Methods the loop
-does call at their place (`label_loss_items`, `checkpoint_dict`, ...) are the Trainer's own and may be overridden.
+does call at their place (`build_optimizer`, `validate`, `label_loss_items`, `checkpoint_dict`, ...) are the Trainer's
+own and may be overridden.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from yolo_cb.errors import ConfigError
 
 # Ultralytics trainer method -> what does its job in yolo-cb (the loop never calls a method of this name).
 ULTRALYTICS_HOOKS: dict[str, str] = {
-    "validate": "an on_fit_epoch_end callback reading trainer.metrics (best.pt follows monitor=, e.g. monitor='metrics/mAP50(B)')",
     "optimizer_step": "an on_before_optimizer_step callback (unscaled gradients, before clipping) or grad_clip=",
-    "build_optimizer": "the settings optimizer=, lr0=, momentum=, weight_decay=",
     "get_model": "model= (a model YAML or a checkpoint)",
     "get_dataloader": "the settings data=, batch=, workers=",
     "build_dataset": "the settings data=, imgsz= and the augmentation settings",
