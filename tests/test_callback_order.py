@@ -33,7 +33,7 @@ def test_declared_order_across_defaults_integrations_user_and_yaml():
     assert order.index("mine") < order.index("results_csv")  # a user callback placed before a default
     assert order.index("yaml_log") < order.index("tensorboard")  # a YAML spec placed before an integration
     assert order.index("after_yaml") > order.index("yaml_log")  # a user callback after a YAML one
-    assert order.index("tensorboard") > order.index("early_stopping")  # the integration's own declaration
+    assert "early_stopping" not in order  # a step of the loop (recipe/early_stop.py), no default callback
     assert order[-1] == "epoch_state"  # after="*"
     origins = {e.name: e.origin for e in cb.entries("on_fit_epoch_end")}
     assert (origins["mine"], origins["yaml_log"], origins["tensorboard"], origins["results_csv"]) == ("user", "yaml", "integration", "default")
@@ -94,7 +94,6 @@ def test_two_callbacks_of_one_name_are_told_apart():
 
 PINNED = """\
 event                        callback               origin       on_error  rank
-on_pretrain_routine_start    early_stopping         default      raise     all ranks
 on_pretrain_routine_end      lr_schedule            default      raise     all ranks
                              results_csv            default      raise     rank 0
                              stop_stage             integration  raise     all ranks
@@ -110,18 +109,15 @@ on_train_batch_end           progress               default      raise     rank 
 on_train_epoch_end           progress               default      raise     rank 0
 on_model_save                lr_schedule            default      raise     all ranks
                              results_csv            default      raise     rank 0
-                             early_stopping         default      raise     all ranks
                              checkpoint             default      raise     rank 0
                              epoch_state            default      raise     rank 0
 on_fit_epoch_end             results_csv            default      raise     rank 0
-                             early_stopping         default      raise     all ranks
                              stop_stage             integration  raise     all ranks
                              tensorboard            integration  disable   rank 0
                              visualize              integration  disable   all ranks
                              log_epoch              yaml         raise     all ranks
                              epoch_state            default      raise     rank 0
 on_train_end                 results_csv            default      raise     rank 0
-                             early_stopping         default      raise     all ranks
                              tensorboard            integration  disable   rank 0
                              callback_record        default      raise     all ranks
 teardown                     progress               default      raise     rank 0

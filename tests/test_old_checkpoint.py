@@ -71,7 +71,7 @@ def test_a_yolocb_checkpoint_of_4f22c48_loads_under_the_indexed_names_with_the_s
         assert torch.equal(fresh(fixed_input()), model(fixed_input()))
 
 
-def test_a_yolocb_checkpoint_of_4f22c48_resumes_to_the_end(tmp_path, shapes_dir):
+def test_a_yolocb_checkpoint_of_4f22c48_resumes_to_the_end(tmp_path, shapes_dir, caplog):
     data = write_data(tmp_path / "data", shapes_dir)  # the same 8 / 4 shapes images it was trained on
     ckpt = torch.load(YOLOCB_FIXTURE, weights_only=True)
     ckpt["train_args"].update(data=str(data), freeze=["backbone.stem"])  # an old module name in its settings too
@@ -79,6 +79,8 @@ def test_a_yolocb_checkpoint_of_4f22c48_resumes_to_the_end(tmp_path, shapes_dir)
     old.parent.mkdir()
     torch.save(ckpt, old)
     YOLO(str(old)).train(resume=True, project=str(tmp_path / "runs"), name="resumed")
+    # its early_stopping callback's state (a second best, before early stopping was a step of the loop) is read, not warned about
+    assert "callback 'early_stopping'" not in caplog.text and "early_stopping" in ckpt["callbacks"]
     last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
     assert last["epoch"] == 1 and last["finished"] is True and next(iter(last["model"])) == "model.0.conv.weight"
     stats = {k: v for k, v in load_checkpoint(YOLOCB_FIXTURE)["model"].items() if k.endswith("running_mean")}

@@ -42,11 +42,11 @@ def test_resume_true_resumes_the_checkpoint_named_as_the_model(tiny, tmp_path):
 
 
 # --- item 2: trainer subclasses -------------------------------------------------------------------------------------
-class MAP50Trainer(Trainer):
-    """Ultralytics' custom-trainer guide: best.pt by mAP50, through an override of validate()."""
+class PreprocessTrainer(Trainer):
+    """Ultralytics' custom-trainer guide: a batch edited in preprocess_batch() (the loop never calls it)."""
 
-    def validate(self):
-        return {}, 0.0
+    def preprocess_batch(self, batch):
+        return batch
 
 
 class ClippingTrainer(DetectionTrainer):
@@ -55,9 +55,9 @@ class ClippingTrainer(DetectionTrainer):
 
 
 def test_ultralytics_trainer_overrides_are_refused_naming_them(tiny):
-    with pytest.raises(ConfigError, match=r"trainer=MAP50Trainer defines validate\(\), which the yolo-cb loop never calls.*"
-                                          r"validate\(\) -> an on_fit_epoch_end callback"):
-        YOLO("yolox-nano.yaml").train(**tiny, trainer=MAP50Trainer)
+    with pytest.raises(ConfigError, match=r"trainer=PreprocessTrainer defines preprocess_batch\(\), which the yolo-cb loop never "
+                                          r"calls.*preprocess_batch\(\) -> an on_train_batch_start callback"):
+        YOLO("yolox-nano.yaml").train(**tiny, trainer=PreprocessTrainer)
     with pytest.raises(ConfigError, match=r"defines optimizer_step\(\).*on_before_optimizer_step"):
         ClippingTrainer(overrides=tiny)
     assert not (Path(tiny["project"]) / tiny["name"]).exists()  # refused before any run folder

@@ -1,4 +1,4 @@
-"""The default callbacks every trainer has: progress, results.csv/png, checkpoints, early stopping.
+"""The default callbacks every trainer has: progress, results.csv/png, checkpoints; early stopping's declared parameters.
 
 Each is a registered callback object; the training loop itself only fires events.
 """
@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.checkpoints.checkpoint import restore_best_weights, save_checkpoint, serialize_checkpoint
-from yolo_cb.recipe.stop import StopCause
+from yolo_cb.checkpoints.checkpoint import save_checkpoint, serialize_checkpoint
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.results_plot import plot_results
@@ -144,8 +143,8 @@ class Checkpoint:
     every save_period and after each epoch of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt
     before the first epoch (save_initial)."""
 
-    # their on_model_save updates what the checkpoint stores: the next epoch's LR, the epoch's results row, the best fitness
-    after = ("lr_schedule", "results_csv", "early_stopping")
+    # their on_model_save updates what the checkpoint stores: the next epoch's LR, the epoch's results row
+    after = ("lr_schedule", "results_csv")
     rank_zero_only = True
 
     def __init__(self):
@@ -194,11 +193,9 @@ class Checkpoint:
 
 @register_callback("early_stopping")
 class EarlyStopping:
-    """Stop when the monitored metric (monitor / monitor_mode / min_delta) has not improved for `patience` epochs (0 = off).
-
-    `patience` given here (`- early_stopping: {patience: 5}`) replaces the setting; so does `restore_best_weights` (Keras'
-    name) the restore_best setting: after early stopping, trainer.model and its EMA hold best.pt's weights, and
-    YOLO.train() leaves the YOLO object on best.pt (False: on last.pt, the weights of the epoch it stopped at)."""
+    """Early stopping's parameters, declared as a callback (`- early_stopping: {patience: 5}`, SuperGradients' and Keras'
+    habit): `patience` replaces the setting, `restore_best_weights` (Keras' name) the restore_best setting, through the
+    trainer's controls. Early stopping itself is a step of the loop (yolo_cb/recipe/early_stop.py): it needs no callback."""
 
     def __init__(self, patience: int | None = None, restore_best_weights: bool | None = None):
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
@@ -207,37 +204,12 @@ class EarlyStopping:
             raise ValueError(f"early_stopping: restore_best_weights={restore_best_weights!r}, expected true or false")
         self.patience = patience
         self.restore = restore_best_weights
-        self.best_fitness = None  # the best monitored value (fitness by default)
-        self.best_epoch = 0
-
-    def on_model_save(self, trainer):
-        # update before the checkpoint callback (registered after this one) stores our state
-        if trainer.monitor_value is not None and trainer.metrics_epoch == trainer.epoch and \
-                trainer.monitor.improved(trainer.monitor_value, self.best_fitness):
-            self.best_fitness, self.best_epoch = float(trainer.monitor_value), trainer.epoch
-
-    def on_fit_epoch_end(self, trainer):
-        if trainer.monitor_value is None:
-            return
-        self.on_model_save(trainer)
-        patience = trainer.args.patience if self.patience is None else self.patience
-        if patience and trainer.epoch - self.best_epoch >= patience and not trainer.stop:
-            trainer.request_stop(StopCause.EARLY_STOPPING, f"early stopping: no improvement of {trainer.monitor.key} in {patience} epochs "
-                                                           f"(best {self.best_fitness:.4f} at epoch {self.best_epoch + 1})")
 
     def on_pretrain_routine_start(self, trainer):
+        if self.patience is not None:
+            trainer.patience = self.patience
         if self.restore is not None:
-            trainer.restore_best = self.restore  # a control: YOLO.train() keeps the weights it says
-
-    def on_train_end(self, trainer):
-        if trainer.restore_best and trainer.stop_cause == StopCause.EARLY_STOPPING:
-            restore_best_weights(trainer)
-
-    def state_dict(self):
-        return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
-
-    def load_state_dict(self, state):
-        self.best_fitness, self.best_epoch = state.get("best_fitness"), int(state.get("best_epoch", 0))
+            trainer.restore_best = self.restore  # YOLO.train() keeps the weights it says
 
 
 @register_callback("epoch_state")
@@ -275,4 +247,4 @@ def same_state(a, b) -> bool:
 
 
 # the default callbacks, registered in this order; their own `after` / `before` say what else must hold
-DEFAULTS = ("lr_schedule", "progress", "results_csv", "early_stopping", "checkpoint", "epoch_state", "callback_record")
+DEFAULTS = ("lr_schedule", "progress", "results_csv", "checkpoint", "epoch_state", "callback_record")

@@ -14,6 +14,7 @@ import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
 from yolo_cb.nn.yolox.loss import YOLOXLoss
+from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
 from yolo_cb.training.resume import check_same_dataset
@@ -94,14 +95,18 @@ def load_state(trainer, ckpt: Checkpoint | dict) -> None:
         trainer.scaler.load_state_dict(ckpt.scaler)
     trainer.start_epoch = int(ckpt.epoch) + 1
     trainer.completed_epoch = trainer.start_epoch - 1
-    trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.best_fitness, ckpt.best_epoch, ckpt.fitness
+    callback_states = dict(ckpt.callbacks or {})
+    legacy_best = legacy_best_epoch(callback_states)  # older files: early stopping's own best, now the run's one best
+    callback_states.pop(LEGACY_STATE, None)
+    best_epoch = ckpt.best_epoch if ckpt.best_epoch is not None else legacy_best
+    trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
     trainer.metrics = dict(ckpt.metrics or {})
     trainer.metrics_epoch, trainer.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
     if isinstance(trainer.criterion, YOLOXLoss):
         trainer.criterion.set_l1(bool(ckpt.use_l1))
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
     trainer.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
-    trainer.callbacks.load_state_dict(ckpt.callbacks or {})
+    trainer.callbacks.load_state_dict(callback_states)
     restore_rng(ckpt, trainer.world_size, trainer.rank)
     trainer.optimizer_steps = int(ckpt.optimizer_steps)
     skip = resume_batches(ckpt, trainer.num_batches, trainer.world_size, trainer.args.batch)

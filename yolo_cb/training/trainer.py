@@ -1,9 +1,10 @@
-"""The training loop: setup, epochs, batches, optimizer steps, validation, saving — every step fires its event.
+"""The training loop: setup, epochs, batches, optimizer steps, validation, early stopping — every step fires its event.
 
-Everything around the loop (progress, results.csv, checkpoints, early stopping, integrations, the
-user's callbacks) is a callback; the loop only computes and keeps the state callbacks read. The state is typed
-(`trainer.state`, run_state.py); the parts live beside it: build.py (model, loaders, validator), step.py (one batch),
-checkpointer.py (what a checkpoint holds, last.pt after an error), signals.py, place.py (device, ranks, run folder).
+Progress, results.csv, checkpoints, the LR schedule, integrations and the user's callbacks are callbacks; they steer the
+run only through the controls (request_stop, withdraw_stop, end_after, validate_each_epoch, patience, restore_best). The
+state is typed (`trainer.state`, run_state.py); the parts live beside it: build.py (model, loaders, validator), step.py
+(one batch), checkpointer.py (what a checkpoint holds, last.pt after an error), signals.py, place.py (device, ranks,
+run folder), recipe/ (optimizer groups, EMA, early stopping).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 import torch
 
 from yolo_cb.callbacks.dispatch import Callbacks
+from yolo_cb.checkpoints.checkpoint import restore_best_weights
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
 from yolo_cb.paths import DEFAULT_MODEL
+from yolo_cb.recipe.early_stop import EarlyStop
 from yolo_cb.recipe.ema import ModelEMA
 from yolo_cb.recipe.monitor import Monitor
 from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
@@ -34,6 +37,7 @@ from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLo
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.plotting import images_in
 from yolo_cb.utils.process_state import restore_process_state, save_process_state
 
 
@@ -46,7 +50,8 @@ class Trainer:
     exception, data, device, rank, world_size, frozen, lr_schedule, batches_done, optimizer_steps, save_step_due,
     epoch_record (training/epoch_record.py), new_images (the image files written this epoch); and,
     as Ultralytics names them, best, last, plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends
-    the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`). The LR is the lr_schedule
+    the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`); the other controls are
+    withdraw_stop, end_after, validate_each_epoch, patience and restore_best (docs/callbacks.md). The LR is the lr_schedule
     callback's (yolo_cb/assembly/lr_schedule.py): nothing here writes it.
 
     Each of these names is a property: over the typed run state `trainer.state` (progress, losses, metrics, best, stop:
@@ -71,6 +76,7 @@ class Trainer:
         self.clock = Clock()
         self.output = EpochOutput()  # the epoch's record and the image files written in it: training/epoch_record.py
         self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
+        self.early_stop = EarlyStop(args.patience)  # patience: asked after every epoch, before the checkpoint
         self.resume_ckpt: dict | None = None
         self.exception: BaseException | None = None
         self.restore_best = bool(args.restore_best)
@@ -88,6 +94,7 @@ class Trainer:
     stop = state_field("stop", "flag", "Set True from any callback to end the run at the next batch or epoch boundary on every rank.")
     stop_cause, stop_reason = state_field("stop", "cause"), state_field("stop", "reason")
     restore_best = state_field("stop", "restore_best", "A control: after early stopping, end on best.pt's weights (True) or the last epoch's.")
+    patience = delegate("early_stop", "patience", "A control: epochs without improvement before early stopping ends the run (0: never).")
     # --- and the collaborators' -------------------------------------------------------------------------------------
     model, ema, optimizer, criterion = (delegate("parts", n) for n in ("model", "ema", "optimizer", "criterion"))
     train_loader, test_loader, validator = (delegate("parts", n) for n in ("train_loader", "test_loader", "validator"))
@@ -165,28 +172,10 @@ class Trainer:
         runs from the event's next firing."""
         self.callbacks.add_callback(event, fn, on_error=on_error, **placement)
 
-    @property
-    def last(self) -> Path | None:
-        """<run folder>/weights/last.pt (a Path, known once the run folder exists)."""
-        return self.wdir / "last.pt" if self.wdir else None
-
-    @property
-    def best(self) -> Path | None:
-        """<run folder>/weights/best.pt (a Path, known once the run folder exists)."""
-        return self.wdir / "best.pt" if self.wdir else None
-
-    @property
-    def batch_size(self) -> int:
-        """Images per batch in this process (the batch= setting)."""
-        return self.args.batch
-
-    @property
-    def plots(self) -> dict[Path, dict]:
-        """Plot images written in the run folder so far: path -> {"data": None, "timestamp": modification time}."""
-        if not self.save_dir or not Path(self.save_dir).is_dir():
-            return {}
-        files = sorted(p for p in Path(self.save_dir).iterdir() if p.suffix in (".png", ".jpg") and p.is_file())
-        return {p: {"data": None, "timestamp": p.stat().st_mtime} for p in files}
+    last = property(lambda t: t.wdir / "last.pt" if t.wdir else None, doc="<run folder>/weights/last.pt (once the folder exists).")
+    best = property(lambda t: t.wdir / "best.pt" if t.wdir else None, doc="<run folder>/weights/best.pt (once the folder exists).")
+    batch_size = property(lambda t: t.args.batch, doc="Images per batch in this process (the batch= setting).")
+    plots = property(lambda t: images_in(t.save_dir), doc="Plot images in the run folder so far: path -> {data: None, timestamp}.")
 
     def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
         if items is None:
@@ -256,6 +245,8 @@ class Trainer:
         self.metrics = distributed.broadcast_object(self.metrics)
         self.signals.agree_to_stop(self)
         self.signals.raise_on_signal(self)
+        if self.restore_best and self.stop_cause == StopCause.EARLY_STOPPING:
+            restore_best_weights(self)  # the model ends on best.pt's weights, not those of the epoch it stopped at
         self.run_callbacks("on_train_end")
         self.signals.raise_on_signal(self)
         self._log_callback_stats()
@@ -374,9 +365,18 @@ class Trainer:
             self.improved = True  # nothing validated yet: best.pt follows last.pt
         if self.improved:
             self.best_epoch = self.epoch
+        self._stop_early()
         self.checkpointer.gather_rank_rng(self)
         self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
         self.run_callbacks("on_model_save")
+
+    def _stop_early(self) -> None:
+        """Early stopping (recipe/early_stop.py), once something was validated: the stop is decided before the checkpoint."""
+        if self.monitor_value is None or self.stop:
+            return
+        reason = self.early_stop.reason(self.epoch, self.best_epoch, self.monitor.key, self.best_fitness)
+        if reason:
+            self.request_stop(StopCause.EARLY_STOPPING, reason)
 
     def _log_callback_stats(self, top: int = 5) -> None:
         if not self.is_main:

@@ -105,3 +105,12 @@ def plot_mc_curve(px: np.ndarray, py: np.ndarray, names: Sequence[str], save_pat
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title(f"{ylabel}-{xlabel} Curve")
     return _save(fig, save_path)
+
+
+def images_in(folder) -> dict:
+    """The plot images (.png, .jpg) directly in `folder`: path -> {"data": None, "timestamp": modification time} (what
+    Ultralytics' trainer.plots holds); {} while the folder does not exist."""
+    if not folder or not Path(folder).is_dir():
+        return {}
+    files = sorted(p for p in Path(folder).iterdir() if p.suffix in (".png", ".jpg") and p.is_file())
+    return {p: {"data": None, "timestamp": p.stat().st_mtime} for p in files}
