@@ -77,28 +77,17 @@ def test_ranks_sharing_a_gpu_use_gloo_and_a_named_gpu_is_kept():
     assert gpu_list("cpu") == [] and gpu_list(None) == [] and gpu_list("") == [] and gpu_list("mps") == []
 
 
-class _Holder:
-    """What compile_forward reads: the resolved settings and the parts (it reads and writes nothing else)."""
-
-    def __init__(self, setting, module):
-        self.args, self.parts = get_config({"compile": setting}), build.Parts(model=module)
-
-
 @pytest.mark.parametrize("setting", [True, "max-autotune", "aot_eager"])
 def test_compile_wraps_the_training_forward_and_leaves_the_model_eager(model, setting):
-    holder = _Holder(setting, model)
     keys = list(model.state_dict())
-    build.compile_forward(holder)
-    compiled = holder.parts.compiled
+    compiled = build.compile_forward(model, get_config({"compile": setting}).compile)
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule) and compiled._orig_mod is model
-    assert holder.parts.model is model and list(model.state_dict()) == keys  # EMA, checkpoints and exports see the eager module
+    assert list(model.state_dict()) == keys  # EMA, checkpoints and exports see the eager module
     assert not isinstance(copy.deepcopy(model), torch._dynamo.eval_frame.OptimizedModule)
 
 
 def test_compile_off_and_a_bad_value():
-    holder = _Holder(False, torch.nn.Linear(2, 2))
-    build.compile_forward(holder)
-    assert holder.parts.compiled is None
+    assert build.compile_forward(torch.nn.Linear(2, 2), False) is None
     with pytest.raises(ConfigError, match="compile"):
         get_config({"compile": "fastest"})
 

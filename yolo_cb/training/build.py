@@ -22,11 +22,10 @@ from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation.val_sets import extra_sets, placeholder_keys
-from yolo_cb.evaluation.validator import Validator
 from yolo_cb.nn import build_model as build
 from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.recipe.ema import unwrap
-from yolo_cb.recipe.freeze import freeze_bn_stats, freeze_layers, trainable_count
+from yolo_cb.recipe.freeze import freeze_bn_stats, trainable_count
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV
@@ -69,48 +68,45 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         os.environ.setdefault(CUBLAS_ENV, ":4096:8")
 
 
-def check_data(trainer) -> dict:
+def check_data(args: Config, rank: int) -> dict:
     """The dataset dict; rank 0 downloads or generates it first."""
 
-    if trainer.rank > 0:
+    if rank > 0:
         distributed.barrier()  # let rank 0 download or generate the dataset first
-    data = resolve(trainer.args.data or "shapes.yaml", trainer.args.datasets_dir)
-    if trainer.rank == 0:
+    data = resolve(args.data or "shapes.yaml", args.datasets_dir)
+    if rank == 0:
         distributed.barrier()
     return data
 
 
-def build_model(trainer) -> None:
-    """The model from the checkpoint resumed, the initial checkpoint or the YAML; freeze=; the loss configured."""
-    args, parts = trainer.args, trainer.parts
-    source = resolve_weights(trainer.model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
+def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict, device: torch.device, verbose: bool) -> torch.nn.Module:
+    """The model on `device`: the architecture of the checkpoint resumed, of the initial checkpoint or of the YAML, with
+    the initial checkpoint's (or pretrained=) matching weights, and the dataset's class names."""
+    source = resolve_weights(model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
     init_ckpt = None
-    if trainer.resume_ckpt is not None:
-        cfg = Checkpoint.of(trainer.resume_ckpt, args.resume).model_cfg
+    if resume_ckpt is not None:
+        cfg = Checkpoint.of(resume_ckpt, args.resume).model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
         init_ckpt = read_checkpoint(source)
         cfg = init_ckpt.model_cfg
     else:
         cfg = source
-    model = build(cfg, nc=int(parts.data["nc"]), verbose=trainer.is_main, imgsz=args.imgsz)
+    model = build(cfg, nc=int(data["nc"]), verbose=verbose, imgsz=args.imgsz)
     if args.pretrained and not isinstance(args.pretrained, bool):
         init_ckpt = read_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
-    model.names = dict(parts.data["names"])
-    parts.model_cfg = dict(model.cfg)
-    parts.model = model.to(trainer.device)
-    if args.channels_last:
-        parts.model = parts.model.to(memory_format=torch.channels_last)
-    parts.frozen = freeze_layers(unwrap(parts.model), args.freeze)  # before the optimizer: frozen tensors get no group
-    configure_criterion(args, parts)
+    model.names = dict(data["names"])
+    model = model.to(device)
+    return model.to(memory_format=torch.channels_last) if args.channels_last else model
 
 
-def configure_criterion(args: Config, parts: Parts) -> None:
-    """The loss built from the loss settings (each family takes those in its reads_settings; YOLOX's L1 starts off)."""
-    parts.criterion = criterion = unwrap(parts.model).build_loss(loss_settings(args))
-    parts.loss_names = tuple(f"{name}_loss" for name in criterion.loss_names)
+def build_criterion(args: Config, model: torch.nn.Module) -> tuple[Any, tuple[str, ...]]:
+    """(the loss built from the loss settings, its train/<name> keys): each family takes the settings in its
+    reads_settings (a setting it does not take must stay at its default); YOLOX's L1 starts off."""
+    criterion = unwrap(model).build_loss(loss_settings(args))
     refuse_unread_loss_settings(args, criterion)
+    return criterion, tuple(f"{name}_loss" for name in criterion.loss_names)
 
 
 def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
@@ -133,78 +129,72 @@ def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> in
     return len(matching)
 
 
-def build_loaders(trainer) -> None:
-    args, parts, rank, stride = trainer.args, trainer.parts, trainer.rank, 32
-    names = parts.data["names"]
+@dataclass
+class Loaders:
+    train: Any  # this rank's shard of the training set
+    test: Any = None  # the first validation set (rank 0 only)
+    extra: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (rank 0 only)
+
+
+def build_loaders(args: Config, data: dict, rank: int, is_main: bool) -> Loaders:
+    stride, names = 32, data["names"]
     if rank > 0:
         distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
-    train_set = build_yolo_dataset(args, parts.data["train"], "train", names, stride=stride, batch=args.batch, write_caches=trainer.is_main)
+    train_set = build_yolo_dataset(args, data["train"], "train", names, stride=stride, batch=args.batch, write_caches=is_main)
     if rank == 0:
         distributed.barrier()
-    parts.train_loader = build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=rank, seed=args.seed)
-    parts.num_batches = len(parts.train_loader)
-    if trainer.is_main:
-        split = parts.data.get(args.split if args.split != "train" else "val") or parts.data.get("val")
+    loaders = Loaders(build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=rank, seed=args.seed))
+    if is_main:
+        split = data.get(args.split if args.split != "train" else "val") or data.get("val")
         val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
-        parts.test_loader = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+        loaders.test = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
         if args.split == "val":
-            for name, split in extra_sets(parts.data).items():
+            for name, split in extra_sets(data).items():
                 dataset = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
-                parts.extra_val[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+                loaders.extra[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+    return loaders
 
 
-def wrap_distributed(trainer) -> None:
-    if trainer.world_size <= 1:
-        return
+def wrap_distributed(model: torch.nn.Module, sync_bn: bool, device: torch.device) -> tuple[torch.nn.Module, int]:
+    """(the model in a DistributedDataParallel wrapper, the number of trainable tensors it registered)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    parts, device = trainer.parts, trainer.device
-    if trainer.args.sync_bn and device.type == "cuda":
-        parts.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(parts.model)
-    elif trainer.args.sync_bn:
+    if sync_bn and device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif sync_bn:
         LOGGER.warning("WARNING sync_bn=True needs CUDA (PyTorch's SyncBatchNorm runs on GPUs only); plain BatchNorm is used on CPU")
     ids = [device.index] if device.type == "cuda" else None
-    parts.ddp_trainable = trainable_count(parts.model)
-    parts.model = DistributedDataParallel(parts.model, device_ids=ids, find_unused_parameters=False)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False), trainable_count(model)
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's modes; other names: backends
 
 
-def compile_forward(trainer) -> None:
-    """compile=: the training forward (`parts.compiled`) is torch.compile over the model as wrapped for DDP; the model
+def compile_forward(model: torch.nn.Module, setting: Any) -> Any:
+    """compile=: the training forward is torch.compile over the model as wrapped for DDP (None: eager); the model
     itself stays the eager module the EMA, validation, checkpoints and exports read (same parameters, same state_dict
     keys). The loss inside the forward has data-dependent shapes: dynamo splits the graph there (graph breaks) and
     marks the target count dynamic after the first recompilation."""
-    setting, parts = trainer.args.compile, trainer.parts
     if setting is False:
-        parts.compiled = None
-        return
+        return None
     mode = None if setting is True or setting not in COMPILE_MODES else setting
     backend = "inductor" if setting is True or setting in COMPILE_MODES else setting
-    parts.compiled = torch.compile(parts.model, mode=mode, backend=backend)
+    compiled = torch.compile(model, mode=mode, backend=backend)
     LOGGER.info(f"compile={setting}: the training forward runs through torch.compile (backend {backend}, mode {mode or 'default'}); "
                 "the first batches are slow while it compiles")
+    return compiled
 
 
-def sync_trainable(trainer) -> None:
+def stale_wrapper(parts: Parts, world_size: int) -> bool:
     """After on_train_epoch_start: frozen BatchNorm statistics stay as loaded (those of unfrozen layers update again);
-    under DDP, a wrapper built for another set of trainable tensors is built again, on every rank at the same epoch
-    start (DDP all-reduces only the gradients of the tensors it registered)."""
-    parts = trainer.parts
+    True under DDP when the wrapper was built for another set of trainable tensors (DDP all-reduces only the gradients
+    of the tensors it registered): it must be built again, on every rank at the same epoch start."""
     model = unwrap(parts.model)
     freeze_bn_stats(model, parts.frozen)
-    if trainer.world_size > 1 and trainable_count(model) != parts.ddp_trainable:
+    if world_size > 1 and trainable_count(model) != parts.ddp_trainable:
         LOGGER.info(f"trainable tensors changed ({parts.ddp_trainable} -> {trainable_count(model)}): DDP wrapper rebuilt")
-        parts.model = model
-        wrap_distributed(trainer)
-        compile_forward(trainer)  # over the new wrapper
-
-
-def build_validator(trainer) -> None:
-    validator = Validator(trainer.args, save_dir=trainer.save_dir, callbacks=trainer.callbacks, dataloader=trainer.test_loader)
-    validator.trainer = trainer  # validator events reach the trainer (and its epoch) during training
-    trainer.parts.validator = validator
+        return True
+    return False
 
 
 def placeholder_metrics(loss_names: tuple[str, ...], data: dict | None = None) -> dict[str, float]:

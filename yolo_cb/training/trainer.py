@@ -20,9 +20,11 @@ from yolo_cb.checkpoints.checkpoint import restore_best_weights
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
+from yolo_cb.evaluation.validator import Validator
 from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.recipe.early_stop import EarlyStop
-from yolo_cb.recipe.ema import ModelEMA
+from yolo_cb.recipe.ema import ModelEMA, unwrap
+from yolo_cb.recipe.freeze import freeze_layers
 from yolo_cb.recipe.monitor import Monitor
 from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
 from yolo_cb.recipe.stop import StopCause, refuse_foreign_stop_flag
@@ -42,21 +44,13 @@ from yolo_cb.utils.process_state import restore_process_state, save_process_stat
 
 
 class Trainer:
-    """Trains a YOLOX model. `trainer.train()` returns the final metrics dict.
+    """Trains a detector; `trainer.train()` returns the final metrics dict.
 
-    State callbacks read: epoch, epochs, start_epoch, batch_i, batch, loss, loss_items, tloss, metrics,
-    metrics_epoch, validated_this_epoch, fitness, monitor, monitor_value, best_fitness, model, ema, optimizer,
-    criterion, train_loader, test_loader, save_dir, args, stop, stop_cause (a StopCause), stop_reason (its message),
-    exception, data, device, rank, world_size, frozen, lr_schedule, batches_done, optimizer_steps, save_step_due,
-    epoch_record (training/epoch_record.py), new_images (the image files written this epoch); and,
-    as Ultralytics names them, best, last, plots, epoch_time, batch_size, lr, validator, add_callback. A callback ends
-    the run with `trainer.request_stop(StopCause.X, message)` (or `trainer.stop = True`); the other controls are
-    withdraw_stop, end_after, validate_each_epoch, patience and restore_best (docs/callbacks.md). The LR is the lr_schedule
-    callback's (yolo_cb/assembly/lr_schedule.py): nothing here writes it.
-
-    Each of these names is a property: over the typed run state `trainer.state` (progress, losses, metrics, best, stop:
-    training/run_state.py) or over a collaborator (`parts`: training/build.py, `step`: training/step.py, `place`:
-    training/place.py, `clock`, `output`: training/epoch_record.py), so a callback's write (`trainer.stop = True`) lands where the loop reads it.
+    The names callbacks read (Ultralytics' where it has one; tests/test_trainer_contract.py lists them) are properties
+    over the typed run state `trainer.state` (training/run_state.py) or a collaborator (`parts`: build.py, `step`,
+    `place`, `clock`, `output`: epoch_record.py). A callback steers the run through the controls only: `stop` /
+    `request_stop`, `withdraw_stop`, `end_after`, `validate_each_epoch`, `patience`, `restore_best` (docs/callbacks.md);
+    the LR is the lr_schedule callback's (yolo_cb/assembly/lr_schedule.py): nothing here writes it.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -270,17 +264,19 @@ class Trainer:
         make_save_dir(self)
         self.run_callbacks("on_pretrain_routine_start")
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
-        self.data = build.check_data(self)
+        self.data = build.check_data(args, self.rank)
         self._build_model()
-        build.build_loaders(self)
+        loaders = build.build_loaders(args, self.data, self.rank, self.is_main)
+        self.train_loader, self.test_loader, self.parts.extra_val = loaders.train, loaders.test, loaders.extra
+        self.parts.num_batches = len(loaders.train)
         planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)
         self.optimizer = adopt_optimizer(self.build_optimizer(self.model, **planned))
         self.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)
-        build.wrap_distributed(self)
-        build.compile_forward(self)  # after the EMA's copy and the DDP wrapper: neither sees a compiled module
-        build.build_validator(self)
+        self._wrap_forward()
+        self.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
+        self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
         if self.metrics_epoch is None and not self.metrics:
             self.metrics = build.placeholder_metrics(self.loss_names, self.data)
             self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
@@ -290,13 +286,26 @@ class Trainer:
         self.run_callbacks("on_pretrain_routine_end")
 
     def _build_model(self) -> None:
-        build.build_model(self)
+        """The model, the modules freeze= froze (before the optimizer: frozen tensors get no group), the loss."""
+        parts, args = self.parts, self.args
+        parts.model = build.initial_model(args, self.model_source, self.resume_ckpt, self.data, self.device, self.is_main)
+        parts.model_cfg = dict(parts.model.cfg)
+        parts.frozen = freeze_layers(unwrap(parts.model), args.freeze)
+        parts.criterion, parts.loss_names = build.build_criterion(args, parts.model)
+
+    def _wrap_forward(self) -> None:
+        """The DDP wrapper (several ranks) and compile='s forward over it, after the EMA's copy: neither sees a wrapper."""
+        parts = self.parts
+        if self.world_size > 1:
+            parts.model, parts.ddp_trainable = build.wrap_distributed(unwrap(parts.model), self.args.sync_bn, self.device)
+        parts.compiled = build.compile_forward(parts.model, self.args.compile)
 
     # --- epoch / batch ------------------------------------------------------------------
     def _train_epoch(self) -> None:
         self.model.train()
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
-        build.sync_trainable(self)  # after it: a callback may unfreeze here; frozen BatchNorm keeps its statistics
+        if build.stale_wrapper(self.parts, self.world_size):  # after it: a callback may unfreeze here
+            self._wrap_forward()
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.tloss = None
