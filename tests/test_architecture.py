@@ -39,7 +39,7 @@ ROOT = "yolo_cb"
 # Inside each package, its modules bottom first: a module imports only modules of its package listed before it (a
 # subpackage counts as one member of its parent). The package's __init__ sits above its members.
 INSIDE: dict[str, tuple[str, ...]] = {
-    "yolo_cb.utils": ("device", "dist", "files", "log", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
+    "yolo_cb.utils": ("device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "results_plot", "run_lock"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "lr_settings", "record",
                           "spec_check"),

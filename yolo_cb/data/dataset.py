@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from yolo_cb.data.npy_cache import load_npy, npy_path, npy_valid, save_npy
 from yolo_cb.data.transforms import build_transforms
 from yolo_cb.data.verify import folder_is_writable, imread, list_image_files, load_labels
 from yolo_cb.errors import os_reason
+from yolo_cb.utils.memory import available_memory
 
 LOGGER = logging.getLogger("yolo_cb")
 _CACHE_LOCK = threading.Lock()  # the caching threads' one warning about a failed .npy write
@@ -175,10 +175,10 @@ class YOLODataset(torch.utils.data.Dataset):
         return npy.stat().st_size
 
     def _ram_fits(self, headroom: float = 0.5) -> bool:
-        """Whether the resized images fit in ``headroom`` of the available memory (estimated from a sample)."""
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):  # not POSIX: assume it fits
+        """Whether the resized images fit in ``headroom`` of the memory this process may take (free memory, the cgroup's
+        limit, ulimit -v: utils/memory.py), estimated from a sample."""
+        available = available_memory()
+        if available is None:  # nothing to read (not Linux / POSIX): assume it fits
             return True
         step = max(1, len(self) // 30)
         per_image = np.mean([(self.imgsz / max(lb["shape"])) ** 2 * lb["shape"][0] * lb["shape"][1] * 3 for lb in self.labels[::step]])

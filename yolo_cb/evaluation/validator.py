@@ -37,6 +37,7 @@ from yolo_cb.utils.log import LOGGER, printable
 VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR curve reaches high recall)
 VAL_MULTI_LABEL = True  # a box is a candidate under every class it scores above conf (Ultralytics' and YOLOv5's val)
 SCORE_DECIMALS = 5  # scores are rounded like in predictions.json, so COCOeval on the json sees the same ranking
+MAX_CONFUSION_CLASSES = 1000  # past this the (nc+1)^2 confusion matrix (8 MB at 1000; 74.5 GiB at 100000) is not kept
 
 
 def _sync(device: torch.device) -> None:
@@ -216,7 +217,9 @@ class Validator:
         self.conf = VAL_CONF if args.conf is None else float(args.conf)
         self.end2end = getattr(model, "end2end", None)  # an export with NMS in its graph: its iou and max_det
         self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
-        self.confusion_matrix = ConfusionMatrix(self.nc, names=self.names)
+        self.confusion_matrix = ConfusionMatrix(self.nc, names=self.names) if self.nc <= MAX_CONFUSION_CLASSES else None
+        if self.confusion_matrix is None and not self.training:
+            LOGGER.info(f"no confusion matrix: {self.nc} classes (it is kept for at most {MAX_CONFUSION_CLASSES}; (nc+1)^2 counts)")
         self.det_metrics = DetMetrics(self.nc, self.names)
         loss_sums = dict.fromkeys(getattr(getattr(model, "criterion", None), "loss_names", ()), 0.0)  # val/<name>_loss in trainer mode
         times = dict.fromkeys(("preprocess", "inference", "postprocess"), 0.0)
@@ -291,7 +294,8 @@ class Validator:
             gt_cls = labels[:, 1].long().cpu()
             pred = pred.detach().float().cpu()
             pred_xyxy = scale_boxes(pred[:, :4], ratio_pad, ori_shape)
-            self.confusion_matrix.process_batch(torch.cat((pred_xyxy, pred[:, 4:6]), 1), gt_xyxy, gt_cls)
+            if self.confusion_matrix is not None:
+                self.confusion_matrix.process_batch(torch.cat((pred_xyxy, pred[:, 4:6]), 1), gt_xyxy, gt_cls)
             im_file = batch["im_files"][i]
             self.stats.append({
                 "im_file": im_file,
@@ -356,8 +360,10 @@ class Validator:
         m, d = self.det_metrics, Path(self.save_dir)
         valid = m.classes_with_gt
         names = [self.names.get(int(c), str(c)) for c in valid]
-        files = [plotting.plot_confusion_matrix(self.confusion_matrix.matrix, self.names, d / "confusion_matrix.png", normalize=False),
-                 plotting.plot_confusion_matrix(self.confusion_matrix.matrix, self.names, d / "confusion_matrix_normalized.png", normalize=True),
+        matrix = [] if self.confusion_matrix is None else [
+            plotting.plot_confusion_matrix(self.confusion_matrix.matrix, self.names, d / "confusion_matrix.png", normalize=False),
+            plotting.plot_confusion_matrix(self.confusion_matrix.matrix, self.names, d / "confusion_matrix_normalized.png", normalize=True)]
+        files = [*matrix,
                  plotting.plot_pr_curve(RECALL_THRESHOLDS, m.pr_curves[valid], m.ap[valid, 0], names, d / "PR_curve.png"),
                  plotting.plot_mc_curve(m.px, m.f1_curve[valid], names, d / "F1_curve.png", ylabel="F1"),
                  plotting.plot_mc_curve(m.px, m.p_curve[valid], names, d / "P_curve.png", ylabel="Precision"),

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import yaml
 
 from ..errors import ConfigError, short_repr
 from ..paths import MODELS_DIR, find_model_cfg
+from ..utils.memory import available_memory
 from ..utils.yaml_safe import load_yaml
 from .detector import Detector
 from .summary import log_summary
@@ -19,6 +21,7 @@ from .yolox.model import YOLOX, parse_yolox_cfg
 
 DETECTORS: dict[str, type[Detector]] = {cls.family: cls for cls in (YOLOX, YOLOCB)}  # `family:` value -> its detector
 FAMILIES = {family: cls.__name__ for family, cls in DETECTORS.items()}  # `family:` value -> display-name prefix
+MAX_MULTIPLIER = 4.0  # the largest depth / width a model config may give (YOLOX-x: 1.33 / 1.25; 3x that is tens of GB)
 NAMED_STATES = ("model", "ema", "grads")  # the checkpoint entries keyed by module names (state dicts, accumulated gradients)
 
 
@@ -90,7 +93,26 @@ def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: in
     """
     arch, name = load_model_cfg(cfg)
     arch.pop("nc", None)
-    model = DETECTORS[arch.pop("family", YOLOX_FAMILY)](nc=nc, name=name, **arch)  # a YOLOX arch has no family key
+    detector = DETECTORS[arch.pop("family", YOLOX_FAMILY)]  # a YOLOX arch has no family key
+    check_size(detector, arch, nc, name)
+    model = detector(nc=nc, name=name, **arch)
     if verbose:
         log_summary(model, imgsz)
     return model
+
+
+def check_size(detector: type[Detector], arch: dict, nc: int, name: str) -> None:
+    """ConfigError in one line before anything is allocated: a depth or width outside (0, MAX_MULTIPLIER], or a model
+    whose fp32 weights (counted on the meta device, which allocates nothing) need more than half the memory this
+    process may take (a checkpoint's or a YAML's few bytes once asked for tens of GB)."""
+    for key in ("depth", "width"):
+        value = arch.get(key)
+        if not 0 < value <= MAX_MULTIPLIER:
+            raise ConfigError(f"model {name}: {key}={value} is outside (0, {MAX_MULTIPLIER:g}] (yolox-x has depth 1.33, width 1.25)")
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in detector(nc=nc, name=name, **arch).parameters())
+    room = available_memory()
+    if room is not None and 8 * parameters > room:
+        raise ConfigError(f"model {name} with {nc} classes has {parameters / 1e6:,.0f}M parameters ({4 * parameters / 2**30:.1f} GiB "
+                          f"of fp32 weights), more than half the {room / 2**30:.1f} GiB this process may take: use a smaller "
+                          f"depth / width or fewer classes")
