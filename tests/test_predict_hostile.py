@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import save_checkpoint
 from yolo_cb.nn import build_model
 
@@ -230,3 +231,20 @@ def test_images_sharing_a_stem_keep_their_own_label_files(weights, tmp_path):
     assert sorted(p.name for p in labels.iterdir()) == ["a.txt", "a_png.txt"]
     assert any("a_png.txt" in x and "a.png" in x for x in output.splitlines()), output[-2000:]
     assert sorted(p.name for p in (tmp_path / "runs" / "p").glob("a.*")) == ["a.jpg", "a.png"]
+
+
+def test_a_recursive_glob_streams_its_matches(tmp_path, weights):
+    """`source=/**/*.jpg` globbed the whole tree before the first image (still at 120 s): a recursive glob predicts its
+    first match at once, and the images of a deep tree all come through, each once."""
+    from yolo_cb.prediction.sources import expand
+
+    for depth in range(3):
+        folder = tmp_path.joinpath(*[f"d{i}" for i in range(depth + 1)])
+        folder.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(folder / f"im{depth}.jpg"), np.full((64, 64, 3), 90 * depth, np.uint8))
+    streamed = expand(str(tmp_path / "**" / "*.jpg"))
+    assert not isinstance(streamed, list) and next(streamed).endswith(".jpg")  # an iterator: the first match without the rest
+    results = YOLO(str(weights)).predict(source=str(tmp_path / "**" / "*.jpg"), imgsz=64, save=False)
+    assert sorted(Path(r.path).name for r in results) == ["im0.jpg", "im1.jpg", "im2.jpg"]
+    with pytest.raises(FileNotFoundError, match="matched no files"):
+        YOLO(str(weights)).predict(source=str(tmp_path / "**" / "*.png"), imgsz=64, save=False)

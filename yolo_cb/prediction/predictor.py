@@ -10,6 +10,7 @@ Images are predicted in batches of `batch` (1 unless given, as in Ultralytics; a
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -126,8 +127,12 @@ class Predictor:
             raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
         backend = self.setup_model(model)
         self.source = source
-        items = expand(source)  # a missing source raises here, before a run dir is made
-        count = sum(len(item.images) if hasattr(item, "images") else 1 for item in items)
+        items = expand(source)
+        if isinstance(items, list):
+            count = sum(len(item.images) if hasattr(item, "images") else 1 for item in items)
+        else:  # a streamed glob: its first match (or none: FileNotFoundError) is read here, before a run dir is made
+            first = next(items, None)
+            items, count = itertools.chain([first] if first is not None else [], items), None
         size = self.batch_size(backend)
         if self.args.save or self.args.save_txt or self.args.save_crop:
             self.save_dir = self._make_save_dir()
@@ -184,11 +189,11 @@ class Predictor:
             return image, (1.0, (0.0, 0.0))
         return preprocess(image, self.imgsz, auto=False, stride=backend.stride)
 
-    def _describe(self, path: str, frame: int | None, count: int) -> str:
+    def _describe(self, path: str, frame: int | None, count: int | None) -> str:
         """The per-image line Ultralytics puts third in predictor.batch: 'image 3/10 path: ' or 'video 1/1 (frame 5) path: '."""
         self._described += frame in (None, 0)  # a new source item starts
         kind = "image" if frame is None else "video"
-        return f"{kind} {self._described}/{count}{'' if frame is None else f' (frame {frame + 1})'} {path}: "
+        return f"{kind} {self._described}/{count or '?'}{'' if frame is None else f' (frame {frame + 1})'} {path}: "
 
     def postprocess(self, preds: torch.Tensor, images: list[np.ndarray], paths: list[str], frame_ids: list, ratio_pads) -> list[Results]:
         args = self.args

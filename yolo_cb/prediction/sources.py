@@ -9,8 +9,9 @@ Frame per image or video frame; the frames of one tensor share a `group` and are
 from __future__ import annotations
 
 import glob
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,9 +72,9 @@ def tensor_to_bgr(image: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray((image.permute(1, 2, 0) * 255).clamp(0, 255).round().byte().numpy()[:, :, ::-1])
 
 
-def expand(source: Any) -> list[Any]:
-    """Flatten a source into a list of image/video paths, numpy images and TensorImages (folders, globs, .txt lists
-    expanded; PIL images converted)."""
+def expand(source: Any) -> list[Any] | Iterator[Any]:
+    """Flatten a source into image/video paths, numpy images and TensorImages (folders, globs, .txt lists expanded; PIL
+    images converted): a list, or an iterator where a recursive glob (`**`) is streamed."""
     if isinstance(source, (np.ndarray, TensorImages)):
         return [source]
     if isinstance(source, Image.Image):
@@ -81,14 +82,17 @@ def expand(source: Any) -> list[Any]:
     if isinstance(source, torch.Tensor):
         return [check_tensor(source)]
     if isinstance(source, (list, tuple)):
-        return [item for s in source for item in expand(s)]
+        parts = [expand(s) for s in source]
+        return [item for part in parts for item in part] if all(isinstance(p, list) for p in parts) else itertools.chain(*parts)
     return _expand_path(str(source))
 
 
-def _expand_path(text: str) -> list[str]:
+def _expand_path(text: str) -> list[str] | Iterator[str]:
     path = Path(text).expanduser()
     if any(ch in text for ch in "*?[") and not path.exists():
-        matches = sorted(glob.glob(text, recursive=True))
+        if "**" in text:  # a tree walked as it is read: its first match predicts at once (`/**/*.jpg` globbed for minutes)
+            return _streamed_glob(text)
+        matches = sorted(glob.glob(text))
         if not matches:
             raise FileNotFoundError(f"source glob '{text}' matched no files")
         return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in MEDIA_SUFFIXES]
@@ -106,6 +110,17 @@ def _expand_path(text: str) -> list[str]:
         return [str(path)]
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob, .txt list, numpy or PIL "
                             f"image, or a BCHW torch.Tensor)")
+
+
+def _streamed_glob(pattern: str) -> Iterator[str]:
+    """The media files a recursive glob matches, in the order the file system lists them; FileNotFoundError when none."""
+    found = False
+    for match in glob.iglob(pattern, recursive=True):
+        if Path(match).suffix.lower() in MEDIA_SUFFIXES and Path(match).is_file():
+            found = True
+            yield match
+    if not found:
+        raise FileNotFoundError(f"source glob '{pattern}' matched no files")
 
 
 def too_many_pixels(path: str) -> str | None:
@@ -136,9 +151,10 @@ def undecodable_name(path: str) -> str | None:
     return None
 
 
-def iter_frames(source: Any) -> Iterator[Frame]:
-    """A Frame for every image, tensor image and video frame of `source`; unreadable files are skipped with a warning."""
-    for n, item in enumerate(expand(source)):
+def iter_frames(items: Iterable[Any]) -> Iterator[Frame]:
+    """A Frame for every image, tensor image and video frame of expanded `items` (expand's); unreadable files are
+    skipped with a warning."""
+    for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
             yield Frame(f"image{n}.jpg", item, None, None)
         elif isinstance(item, TensorImages):
