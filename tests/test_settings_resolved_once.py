@@ -65,3 +65,28 @@ def test_cli_train_resolves_the_settings_once(tmp_path, shapes_small_yaml, resol
     yolo_cb.cli.run(["train", "model=yolox-nano.yaml", *(f"{k}={v}" for k, v in run.items())])
     assert len(resolutions) == 1
     assert (tmp_path / "runs" / "cli" / "weights" / "last.pt").is_file()
+
+
+def test_cli_resume_resolves_the_settings_once(tmp_path, shapes_small_yaml, resolutions):
+    """`yolo-cb train resume=last.pt` (and resume=auto) checks the given settings before torch loads, then resolves the
+    run's settings once: the checkpoint's, under those given (it resolved them twice: cli.py, then the resume's plan)."""
+    run = {**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "name": "clires"}
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_fit_epoch_end", interrupt_after_first_epoch)
+    with pytest.raises(Exception, match="stop here"):
+        model.train(**run, epochs=2)
+    last = tmp_path / "runs" / "clires" / "weights" / "last.pt"
+
+    resolutions.clear()
+    yolo_cb.cli.run(["train", f"resume={last}"])
+    assert len(resolutions) == 1
+
+    resolutions.clear()  # resume=auto of the now finished run: its folder, no training, one resolution
+    yolo_cb.cli.run(["train", "model=yolox-nano.yaml", "resume=auto", *(f"{k}={v}" for k, v in {**run, "epochs": 2}.items())])
+    assert len(resolutions) == 1
+
+
+def test_cli_resume_still_refuses_a_bad_setting_in_one_line_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        yolo_cb.cli.entrypoint(["train", "resume=missing.pt", "epochs=-3"])
+    assert exit_.value.code == 2 and "epochs" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import coerce, describe_settings, get_config, load_defaults
+from yolo_cb.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
 from yolo_cb.errors import UserError
 from yolo_cb.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.user_settings import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
@@ -198,6 +198,8 @@ def run(argv: list[str]) -> object:
 
         return checks() if mode == "checks" else copy_cfg()
     refuse_missing_inputs(mode, overrides)
+    if mode == "train" and names_a_resume(overrides.get("resume")):  # resume= a path, true or auto
+        return resume_from_cli(overrides)
     args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
     from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
@@ -217,6 +219,16 @@ def run(argv: list[str]) -> object:
         return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
     return call(**kwargs)
+
+
+def resume_from_cli(overrides: dict) -> object:
+    """`yolo-cb train resume=...`: each given key and value checked before torch loads; the run's settings (the
+    checkpoint's, under these) are then resolved once, by the resume's plan in train()."""
+    check_overrides(overrides)
+    setup_logging(verbose=coerce("verbose", overrides.get("verbose", load_defaults()["verbose"])))  # the plan's lines too
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # after the check: a bad setting answers before torch loads
+
+    return YOLO(overrides.get("model") or DEFAULT_MODEL).train(**{k: v for k, v in overrides.items() if k != "model"})
 
 
 def user_error(error: BaseException) -> BaseException | None:

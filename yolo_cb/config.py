@@ -370,6 +370,24 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     return check_pairs(_typed(merged, defaults))
 
 
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """Each given key and value checked (ConfigError, one line, on the first wrong one) without resolving a run's
+    settings: what `yolo-cb train resume=...` does before torch loads, since a resume's settings are the checkpoint's
+    under these and are resolved once, by its plan (lr_scheduler= is checked there, against the settings it needs)."""
+    defaults = load_defaults()
+    check_keys(overrides, defaults)
+    for key, value in overrides.items():
+        if key == "cfg":
+            load_cfg_file(value, defaults)
+        elif key != "lr_scheduler":
+            coerce(key, value, defaults.get(key))
+
+
+def names_a_resume(value: Any) -> bool:
+    """Whether a resume= value asks for a resume (a path, true, auto), read as the settings would read it."""
+    return value is not None and coerce("resume", value) not in (None, False)
+
+
 def check_pairs(config: Config) -> Config:
     """Settings that need another one: unfreeze_epoch= and unfreeze_warmup= need freeze= (without frozen layers they
     would do nothing), and worst_source= needs worst_batches=;
