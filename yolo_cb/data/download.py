@@ -8,6 +8,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -46,16 +47,40 @@ def _fetch(url: str, folder: Path, name: str, timeout: float = 60.0, chunk: int 
         request = urllib.request.Request(url, headers={"User-Agent": "yolo-cb"})
         with urllib.request.urlopen(request, timeout=timeout) as response, os.fdopen(fd, "wb") as f:
             total = int(response.headers.get("Content-Length") or 0) or None
+            pace = Pace(url, window=timeout)
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"downloading {name}") as bar:
-                while block := response.read(chunk):
+                while block := response.read1(chunk):  # what has arrived (read() waits for a whole chunk, however slow)
                     f.write(block)
                     bar.update(len(block))
+                    pace.check(len(block))
         if total is not None and os.path.getsize(tmp) != total:
             raise OSError(f"download of {url} incomplete: {os.path.getsize(tmp)} of {total} bytes")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+MIN_RATE = 1024  # bytes per second a download must average over each window: a server trickling a byte a minute is stalled
+
+
+class Pace:
+    """Ends a download that delivers less than MIN_RATE bytes per second over a window of `window` seconds (each socket
+    read has its own timeout, which a byte every 50 s never reached)."""
+
+    def __init__(self, url: str, window: float):
+        self.url, self.window = url, float(window)
+        self.start, self.bytes = time.monotonic(), 0
+
+    def check(self, received: int) -> None:
+        self.bytes += received
+        elapsed = time.monotonic() - self.start
+        if elapsed < self.window:
+            return
+        if self.bytes < MIN_RATE * elapsed:
+            raise DataError(f"download of {self.url} stalled: {self.bytes} bytes in the last {elapsed:.0f} s (less than "
+                            f"{MIN_RATE} bytes/s); check the server, or download it yourself into datasets_dir")
+        self.start, self.bytes = time.monotonic(), 0
 
 
 def _inside(root: Path, name: str) -> bool:
