@@ -87,7 +87,9 @@ def expand(source: Any) -> list[Any] | Iterator[Any]:
     return _expand_path(str(source))
 
 
-def _expand_path(text: str) -> list[str] | Iterator[str]:
+def _expand_path(text: str, reading: tuple[Path, ...] = ()) -> list[str] | Iterator[str]:
+    """A path source's items; `reading` are the .txt lists being read, outermost first (one that lists itself, directly
+    or through another list, is refused in one line: it recursed until Python's stack ran out)."""
     path = Path(text).expanduser()
     if any(ch in text for ch in "*?[") and not path.exists():
         if "**" in text:  # a tree walked as it is read: its first match predicts at once (`/**/*.jpg` globbed for minutes)
@@ -99,17 +101,26 @@ def _expand_path(text: str) -> list[str] | Iterator[str]:
     if path.is_dir():
         return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
     if path.is_file() and path.suffix.lower() == ".txt":
-        items = []
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                entry = Path(line).expanduser()
-                items.extend(_expand_path(str(entry if entry.is_absolute() or entry.exists() else path.parent / entry)))
-        return items
+        return _expand_list(path, reading)
     if path.is_file():
         return [str(path)]
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob, .txt list, numpy or PIL "
                             f"image, or a BCHW torch.Tensor)")
+
+
+def _expand_list(path: Path, reading: tuple[Path, ...]) -> list[str]:
+    """The items of a .txt list source: one path (or folder, glob, list) per line, relative to the list's folder."""
+    here = path.resolve()
+    if here in reading:
+        raise FileNotFoundError(f"source list '{path}' lists itself (through {' -> '.join(map(str, (*reading, here)))}): a list "
+                                f"names images, folders, globs or other lists, never one it is part of")
+    items = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            entry = Path(line).expanduser()
+            items.extend(_expand_path(str(entry if entry.is_absolute() or entry.exists() else path.parent / entry), (*reading, here)))
+    return items
 
 
 def _streamed_glob(pattern: str) -> Iterator[str]:

@@ -132,6 +132,14 @@ def default_project(args=None) -> Path:
     return RUNS_DIR / (getattr(args, "task", None) or "detect")
 
 
+def _is_file_in_the_way(path: Path) -> bool:
+    """Whether `path` exists and is no folder; False where it cannot even be asked (a name longer than the OS allows)."""
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:
+        return False
+
+
 def run_dir(args, mode: str) -> Path:
     """The run directory for `mode` from project=/name=/exist_ok= (<project or runs/detect>/<name or mode>), created:
     runs/detect/train, then train2, train3, ... as Ultralytics names them.
@@ -142,7 +150,7 @@ def run_dir(args, mode: str) -> Path:
     try:
         return increment_path(wanted, exist_ok=bool(args.exist_ok))
     except OSError as error:
-        blocker = next((p for p in (project, *project.parents) if p.exists() and not p.is_dir()), None)
+        blocker = next((p for p in (project, *project.parents) if _is_file_in_the_way(p)), None)
         reason = f"{blocker} is a file, not a folder" if blocker is not None else os_reason(error)
         setting = f"project={args.project}" if args.project else f"the default project folder {project}"
         raise WriteError(f"{setting}: cannot create the run folder {wanted}: {reason}; pass project= a folder this process "

@@ -1,0 +1,37 @@
+"""Tracebacks where one line was due (security round 4): a .txt source list that lists itself (a RecursionError), and a
+project= longer than the OS allows for a name (an OSError from the error handler itself). Each is now one line naming
+the value, exit status 2, as a new process runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from test_predict_hostile import tiny_checkpoint
+
+
+def yolo_cb(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolo_cb", *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def one_line(done: subprocess.CompletedProcess) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_source_list_that_lists_itself_is_one_line(tmp_path):
+    weights = tiny_checkpoint(tmp_path / "m.pt")
+    (tmp_path / "a.txt").write_text("b.txt\n")
+    (tmp_path / "b.txt").write_text(f"{tmp_path / 'a.txt'}\n")  # a -> b -> a
+    line = one_line(yolo_cb("predict", f"model={weights}", "source=a.txt", "imgsz=64", cwd=tmp_path))
+    assert "source list" in line and "lists itself" in line and "a.txt" in line
+
+
+def test_a_project_longer_than_the_os_allows_is_one_line(tmp_path, shapes_small_yaml):
+    project = tmp_path / ("p" * 300)
+    line = one_line(yolo_cb("train", f"data={shapes_small_yaml}", "model=yolox-nano.yaml", "epochs=1", "imgsz=64",
+                            f"project={project}", cwd=tmp_path))
+    assert line.startswith(f"yolo-cb: error: project={project}: cannot create the run folder") and "too long" in line.lower()
