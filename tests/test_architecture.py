@@ -47,7 +47,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
     "yolo_cb.data": ("transforms", "verify", "npy_cache", "download", "synthetic", "dataset", "resolve", "loader"),
-    "yolo_cb.checkpoints": ("megvii", "checkpoint", "weights"),
+    "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "monitor", "optim", "stop"),
     "yolo_cb.prediction": ("backend", "results", "sources", "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_predict_hostile import tiny_checkpoint
 
 
@@ -35,3 +36,26 @@ def test_a_project_longer_than_the_os_allows_is_one_line(tmp_path, shapes_small_
     line = one_line(yolo_cb("train", f"data={shapes_small_yaml}", "model=yolox-nano.yaml", "epochs=1", "imgsz=64",
                             f"project={project}", cwd=tmp_path))
     assert line.startswith(f"yolo-cb: error: project={project}: cannot create the run folder") and "too long" in line.lower()
+
+
+BAD_FIELDS = {  # field -> (crafted value, what the line says)
+    "model_cfg": ("oops", "'model_cfg' is str 'oops'"),
+    "names": ([1, 2], "'names' is list [1, 2]"),
+    "tensors_crc32": ("zz", "'tensors_crc32' is str 'zz'; it must be an integer"),
+    "epoch": ("x", "'epoch' is str 'x'; it must be an integer"),
+    "train_args": ([1], "'train_args' is list [1]; it must be a mapping"),
+    "optimizer": ({"state": 5, "param_groups": "x"}, "'optimizer' is not an optimizer state"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_FIELDS))
+def test_a_checkpoint_field_of_the_wrong_form_is_one_line_on_val_and_resume(tmp_path, shapes_small_yaml, field):
+    """Each ended in an AttributeError / ValueError / TypeError traceback (some only at resume)."""
+    import torch
+
+    value, said = BAD_FIELDS[field]
+    good = torch.load(tiny_checkpoint(tmp_path / "m.pt"), weights_only=True)
+    torch.save({**good, field: value}, tmp_path / "bad.pt")
+    for argv in (["val", "model=bad.pt", f"data={shapes_small_yaml}", "imgsz=64"], ["train", "resume=bad.pt", "epochs=2"]):
+        line = one_line(yolo_cb(*argv, cwd=tmp_path))
+        assert f"checkpoint '{Path('bad.pt')}' is damaged or was not written by yolo-cb: {said}" in line, line

@@ -24,6 +24,7 @@ import torch
 
 from yolo_cb import nn as detectors  # build_model read at call time (tests wrap it)
 from yolo_cb.checkpoints import megvii
+from yolo_cb.checkpoints.fields import check_fields
 from yolo_cb.errors import CheckpointError, os_reason, short_repr
 from yolo_cb.utils.files import atomic_write_bytes
 from yolo_cb.utils.log import LOGGER
@@ -195,6 +196,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
             return megvii.convert(ckpt, path)
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
+    check_fields(ckpt, path)  # each field's form: a crafted or damaged file is one line, not a traceback deep in a load
     verify_checksum(ckpt, path)
     check_format_version(ckpt, path)
     return detectors.with_current_names(ckpt)  # module names of older versions (YOLOCB's backbone.*) read as today's
