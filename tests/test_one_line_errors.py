@@ -4,6 +4,7 @@ the value, exit status 2, as a new process runs them."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,27 @@ def test_a_checkpoint_field_of_the_wrong_form_is_one_line_on_val_and_resume(tmp_
     for argv in (["val", "model=bad.pt", f"data={shapes_small_yaml}", "imgsz=64"], ["train", "resume=bad.pt", "epochs=2"]):
         line = one_line(yolo_cb(*argv, cwd=tmp_path))
         assert f"checkpoint '{Path('bad.pt')}' is damaged or was not written by yolo-cb: {said}" in line, line
+
+
+@pytest.mark.parametrize("text, said", [
+    ("depth: x\nwidth: 0.25", "depth='x' is not a number in (0, 4]"), ("depth: 0.33\nwidth: null", "width=None is not a number"),
+    ("depth: 0.33\nwidth: 0.25\nact: foo", "act='foo' is not one of silu, relu, lrelu"),
+    ("family: bar\ndepth: 0.33\nwidth: 0.25", "unknown family 'bar'"),
+    ("depth: 0.33\nwidth: 0.25\ndepthwise: maybe", "depthwise='maybe' is not true or false"),  # was taken as true
+    ("family: yolocb\ndepth: 0.33\nwidth: 0.25\nmax_channels: -5", "max_channels=-5 is not an integer >= 8"),
+    ("family: yolocb\ndepth: 0.33\nwidth: 0.25\nreg_max: 0", "reg_max=0 is not an integer >= 2"),
+    ("width: 0.25", "the config lacks depth")])
+def test_a_bad_model_yaml_value_is_one_line(tmp_path, text, said):
+    """Each was a ValueError, TypeError, KeyError or RuntimeError traceback from inside the build (or silently taken)."""
+    from yolo_cb.errors import ConfigError
+    from yolo_cb.nn import build_model
+
+    (tmp_path / "bad.yaml").write_text(text + "\n")
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        build_model(str(tmp_path / "bad.yaml"), nc=2, verbose=False)
+
+
+def test_a_bad_model_yaml_value_on_the_cli_is_one_line(tmp_path, shapes_small_yaml):
+    (tmp_path / "bad.yaml").write_text("depth: 0.33\nwidth: 0.25\nact: foo\n")
+    line = one_line(yolo_cb("train", "model=bad.yaml", f"data={shapes_small_yaml}", "epochs=1", "imgsz=64", cwd=tmp_path))
+    assert line == "yolo-cb: error: model bad: act='foo' is not one of silu, relu, lrelu"

@@ -10,6 +10,9 @@ BN_EPS = 1e-3  # BatchNorm epsilon used by YOLOX
 BN_MOMENTUM = 0.03  # BatchNorm running-statistics momentum used by YOLOX
 
 
+ACTIVATIONS = ("silu", "relu", "lrelu")  # the activations a model config's `act:` may name
+
+
 def make_activation(name: str) -> nn.Module:
     """The activation module called `name`: silu | relu | lrelu."""
     if name == "silu":

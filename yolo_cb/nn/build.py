@@ -3,7 +3,9 @@ or a YOLOCB built from it (each family lives in its own package, `yolo_cb.nn.yol
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -12,6 +14,7 @@ from ..errors import ConfigError, short_repr
 from ..paths import MODELS_DIR, find_model_cfg
 from ..utils.memory import available_memory
 from ..utils.yaml_safe import load_yaml
+from .blocks import ACTIVATIONS
 from .detector import Detector
 from .summary import log_summary
 from .yolocb.model import FAMILY as YOLOCB_FAMILY
@@ -42,13 +45,14 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
             raise ConfigError(f"model={cfg}: {path} holds a {type(data).__name__}, not a mapping of model settings (depth, width, ...)")
     family = _family(data)
     if family not in FAMILIES:
-        raise ValueError(f"model config {short_repr(cfg)}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
+        raise ConfigError(f"model config {short_repr(cfg)}: unknown family '{family}' (expected {' or '.join(FAMILIES)})")
     if path is None:
         name = str(data.get("name", FAMILIES[family]))
     elif path.stem.lower().startswith(family + "-"):
         name = FAMILIES[family] + "-" + path.stem.split("-", 1)[1]
     else:
         name = path.stem
+    check_values(data, name)
     if family == YOLOCB_FAMILY:
         return parse_yolocb_cfg(data), name
     return parse_yolox_cfg(data, cfg), name
@@ -101,14 +105,40 @@ def build_model(cfg: str | Path | dict, nc: int, verbose: bool = True, imgsz: in
     return model
 
 
+def _number(low: float, high: float) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and low < v <= high
+
+
+def _integer(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {  # a model config's key -> (its check, what it must be)
+    "depth": (_number(0, MAX_MULTIPLIER), f"a number in (0, {MAX_MULTIPLIER:g}] (yolox-x has 1.33)"),
+    "width": (_number(0, MAX_MULTIPLIER), f"a number in (0, {MAX_MULTIPLIER:g}] (yolox-x has 1.25)"),
+    "depthwise": (lambda v: isinstance(v, bool), "true or false"),
+    "act": (lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}"),
+    "nc": (_integer(1), "an integer >= 1 (the dataset's class count replaces it in training)"),
+    "max_channels": (_integer(8), "an integer >= 8"),
+    "reg_max": (_integer(2), "an integer >= 2"),
+}
+
+
+def check_values(data: dict, name: str) -> None:
+    """ConfigError, one line naming the model, the key and its value, for a missing depth/width or a value its rule
+    refuses (each was a traceback from deep in the build, or silently taken: `depthwise: maybe`)."""
+    missing = [k for k in ("depth", "width") if k not in data]
+    if missing:
+        raise ConfigError(f"model {name}: the config lacks {' and '.join(missing)} (multipliers of the layers' depth and width)")
+    for key, (fits, what) in VALUE_RULES.items():
+        if key in data and not fits(data[key]):
+            raise ConfigError(f"model {name}: {key}={short_repr(data[key])} is not {what}")
+
+
 def check_size(detector: type[Detector], arch: dict, nc: int, name: str) -> None:
-    """ConfigError in one line before anything is allocated: a depth or width outside (0, MAX_MULTIPLIER], or a model
-    whose fp32 weights (counted on the meta device, which allocates nothing) need more than half the memory this
-    process may take (a checkpoint's or a YAML's few bytes once asked for tens of GB)."""
-    for key in ("depth", "width"):
-        value = arch.get(key)
-        if not 0 < value <= MAX_MULTIPLIER:
-            raise ConfigError(f"model {name}: {key}={value} is outside (0, {MAX_MULTIPLIER:g}] (yolox-x has depth 1.33, width 1.25)")
+    """ConfigError in one line before anything is allocated: a model whose fp32 weights (counted on the meta device,
+    which allocates nothing) need more than half the memory this process may take (a checkpoint's or a YAML's few bytes
+    once asked for tens of GB; depth and width are bounded by check_values first)."""
     with torch.device("meta"):
         parameters = sum(p.numel() for p in detector(nc=nc, name=name, **arch).parameters())
     room = available_memory()
