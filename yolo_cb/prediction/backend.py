@@ -22,6 +22,7 @@ from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
 from yolo_cb.errors import CheckpointError, ConfigError
+from yolo_cb.prediction import torchscript_check
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.signal_stack import kept_signal_stack
@@ -227,6 +228,7 @@ class TorchScriptBackend(Backend):
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool):
         extra = {TORCHSCRIPT_META: ""}
+        torchscript_check.check_archive(Path(path))  # a TorchScript file is code: nothing of it runs while loading
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
             try:
@@ -236,6 +238,7 @@ class TorchScriptBackend(Backend):
                     raise
                 reason = "the file is empty" if Path(path).stat().st_size == 0 else "it is not a TorchScript archive (truncated, or another kind of file)"
                 raise bad_model_file(Path(path), "TorchScript", reason) from None
+        torchscript_check.check_graph(self.model, Path(path))  # and it runs only when all of it is tensor maths
         meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
         dynamic = bool(meta.get("dynamic", False))
         imgsz = meta.get("imgsz") if not dynamic else None
