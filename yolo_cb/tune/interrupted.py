@@ -13,8 +13,10 @@ from datetime import datetime
 from pathlib import Path
 
 from yolo_cb.checkpoints.checkpoint import checkpoint_epoch, load_checkpoint
+from yolo_cb.errors import ConfigError
 from yolo_cb.training.resume import RESUME_MUTABLE, is_finished
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.yaml_safe import load_yaml
 
 UNRECORDED_GRACE_S = 120  # a RUNNING trial with no process recorded this long after its start was cut short
 
@@ -58,15 +60,59 @@ def fail_stale_trials(optuna, study, storage) -> list[int]:
     return stale
 
 
-def requeue_interrupted(study) -> None:
+def first_of_retries(trials, number: int) -> int:
+    """The number of the trial a chain of retries began with (a retry goes on in that trial's folder)."""
+    by_number, seen = {t.number: t for t in trials}, set()
+    while number not in seen:
+        seen.add(number)
+        origin = by_number[number].user_attrs.get("retry_of") if number in by_number else None
+        if isinstance(origin, bool) or not isinstance(origin, int) or origin not in by_number:
+            break
+        number = origin
+    return number
+
+
+def last_checkpoint(trials, trials_dir: Path, number: int) -> Path | None:
+    """The last.pt a retry of trial `number` trains on from: in `trials_dir/trial_<n>` (n: the first of its retries),
+    or in the folder the study records for it only when that is a trial folder of the same name in a tune folder of the
+    same study (a worker sharing the study on this machine). Any other recorded place is never used: a crafted study.db
+    named another run there, and `tune resume=` trained and rewrote it (a 6-epoch run marked finished at 4)."""
+    first = first_of_retries(trials, number)
+    own = Path(trials_dir) / f"trial_{first}"
+    recorded = next((t.user_attrs.get("run_dir") for t in trials if t.number == first), None)
+    for folder in (own, *([Path(recorded)] if isinstance(recorded, str) and _a_trial_folder(Path(recorded), own) else [])):
+        last = folder / "weights" / "last.pt"
+        if last.is_file() and not last.is_symlink():
+            return last
+    return None
+
+
+def _a_trial_folder(folder: Path, own: Path) -> bool:
+    """`folder` is <tune folder>/trials/trial_<n> as `own` is, and that tune folder's tune.yaml names the same study."""
+    if not folder.is_absolute() or folder.name != own.name or folder.parent.name != own.parent.name:
+        return False
+    record, mine = folder.parent.parent / "tune.yaml", own.parent.parent / "tune.yaml"
+    try:
+        return record.is_file() and mine.is_file() and _study_name(record) == _study_name(mine)
+    except ConfigError:
+        return False
+
+
+def _study_name(record: Path) -> str | None:
+    data = load_yaml(record, ConfigError, "tune record")
+    return data.get("study_name") if isinstance(data, dict) else None
+
+
+def requeue_interrupted(study, trials_dir: Path) -> None:
     """Queue each interrupted trial once more with its settings: from its last.pt when it has one, as the baseline if it was."""
     done = set(study.user_attrs.get("requeued", []))
-    again = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("interrupted") and t.number not in done]
+    trials = study.get_trials(deepcopy=False)
+    again = [t for t in trials if t.user_attrs.get("interrupted") and t.number not in done]
     for t in again:
         attrs = {"retry_of": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})}
-        last = Path(t.user_attrs["run_dir"]) / "weights" / "last.pt" if t.user_attrs.get("run_dir") else None
-        if last is not None and last.is_file():
-            attrs["resume_from"] = str(last)
+        last = last_checkpoint(trials, trials_dir, t.number)
+        if last is not None:
+            attrs["resume_from"] = str(last)  # for people reading the study; the place is derived again when it runs
         study.enqueue_trial(dict(t.params), user_attrs=attrs)
     if again:
         study.set_user_attr("requeued", sorted(done | {t.number for t in again}))

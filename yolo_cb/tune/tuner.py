@@ -29,7 +29,7 @@ from yolo_cb.settings_schema import RULES
 from yolo_cb.training.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings
 from yolo_cb.tune import report
 from yolo_cb.tune.claim import TrialClaim
-from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, record_process, requeue_interrupted
+from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, last_checkpoint, record_process, requeue_interrupted
 from yolo_cb.tune.pruning import MONITOR, TrialReporter
 from yolo_cb.tune.space import default_space, parse_space, tunable_settings
 from yolo_cb.tune.storage import open_storage
@@ -98,7 +98,7 @@ class Tuner:
         self.params, baseline = self._space(record)
         self.baseline = baseline
         self.fixed = self._fixed_hyperparameters()
-        given_storage = self.args.storage or (record or {}).get("storage")
+        given_storage = self.args.storage or recorded_storage(record)
         self.storage = open_storage(optuna, given_storage) if given_storage else None  # a bad storage= fails before the folder is made
         self.tune_dir = Path(record["_folder"]) if record is not None else run_dir(self.args, "tune")
         self.trials_dir = self.tune_dir / "trials"
@@ -254,7 +254,7 @@ class Tuner:
         if not existing and not study.user_attrs.get("baseline_enqueued"):
             study.set_user_attr("baseline_enqueued", True)
             study.enqueue_trial(self.baseline, user_attrs={"baseline": True})
-        requeue_interrupted(study)
+        requeue_interrupted(study, self.trials_dir)
         LOGGER.info(f"tune: study '{self.study_name}' {how} in {public_storage(self.storage_url)} ({len(existing)} trials there); "
                     f"{self.args.iterations} trials to finish, {self.args.epochs} epochs each, pruner {type(study.pruner).__name__}; "
                     f"results in {self.tune_dir}")
@@ -268,7 +268,7 @@ class Tuner:
         now stay under `iterations`, so workers sharing a study never train more than it. A RUNNING trial whose process
         died (kill -9) is marked failed first and queued again, so a live worker picks it up."""
         if fail_stale_trials(self.optuna, study, self.storage):
-            requeue_interrupted(study)
+            requeue_interrupted(study, self.trials_dir)
         running = len(study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)))
         return self._done(study) + running < self.args.iterations
 
@@ -314,8 +314,8 @@ class Tuner:
         self.claim.release()  # the trial is RUNNING in the storage now: other workers count it
         record_process(trial)
         params = {p.name: p.suggest(trial) for p in self.params}
-        last = Path(trial.user_attrs["resume_from"]) if trial.user_attrs.get("resume_from") else None
-        last = last if last is not None and last.is_file() else None
+        retry = trial.user_attrs.get("retry_of") is not None
+        last = last_checkpoint(trial.study.get_trials(deepcopy=False), self.trials_dir, trial.number) if retry else None
         folder = last.parent.parent if last is not None else self.trials_dir / f"trial_{trial.number}"  # a retry goes on in its folder
         trial.set_user_attr("run_dir", str(folder.resolve()))
         trial.set_user_attr("epochs_planned", self.args.epochs)
@@ -365,6 +365,16 @@ class Tuner:
 
     def _summary(self, study) -> dict:
         return report.summary(study, self.tune_dir, public_storage(self.storage_url), self.fixed)
+
+
+def recorded_storage(record: dict | None) -> None:
+    """A resumed tune without storage= uses study.db in its own folder. A tune.yaml recording another storage is refused
+    (it created a database where the file said and connected to the server it named): recorded places are never used."""
+    recorded = (record or {}).get("storage")
+    if recorded is None or (isinstance(recorded, str) and recorded.startswith("sqlite:///") and recorded.endswith("/" + STUDY_DB)):
+        return None  # this folder's own study.db (wherever the folder now is)
+    raise ConfigError(f"{Path(record['_folder']) / RECORD} records storage={public_storage(str(recorded))!r}, not the tune folder's "
+                      f"{STUDY_DB}: a place recorded in a file is never used; pass storage= with that URL to continue the study there")
 
 
 def run_dir_root() -> Path:
