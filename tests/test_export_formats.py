@@ -151,15 +151,22 @@ def test_truncated_export_refused_exit_2(fitted, exports, tmp_path):
 
 
 def test_benchmark_prints_its_table(fitted, tmp_path):
+    """It exports into its own run folder: the user's exports beside the checkpoint are not replaced (a dynamic-shape
+    best.onnx became a static batch-1 one, no warning)."""
     best, data = fitted
-    model = tmp_path / "m.pt"
+    model = tmp_path / "ckpt" / "m.pt"
+    model.parent.mkdir()
     model.write_bytes(best.read_bytes())
+    mine = model.with_suffix(".onnx")
+    mine.write_bytes(b"the user's own export")
     proc = cli("benchmark", f"model={model}", f"data={data}", "imgsz=64", "formats=onnx,openvino_half", "threads=1",
                f"project={tmp_path}", "name=bench", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| format |" in proc.stdout and "| onnx |" in proc.stdout and "| openvino_half |" in proc.stdout
     csv = (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()
     assert csv[0].startswith("format,file,size_mb,mAP50-95,drop,ms_per_image,threads") and len(csv) == 4
+    assert mine.read_bytes() == b"the user's own export" and sorted(p.name for p in model.parent.iterdir()) == ["m.onnx", "m.pt"]
+    assert (tmp_path / "bench" / "m.onnx").is_file() and (tmp_path / "bench" / "m_half_openvino_model").is_dir()
 
 
 def test_export_check_writes_its_csv_and_logs_to_mlflow(fitted, tmp_path, monkeypatch):

@@ -46,11 +46,13 @@ def time_backend(backend: Any, files: list[str], imgsz: tuple[int, int], iou: fl
     return statistics.median(times)
 
 
-def export_variant(model: str, token: str, args: Config) -> str:
+def export_variant(model: str, token: str, args: Config, folder: Path) -> str:
+    """The variant exported into `folder`, the benchmark's own run folder: the user's exports beside the checkpoint are
+    never replaced (a dynamic-shape best.onnx became a static batch-1 one)."""
     spec = parse_spec(token)
     exporter = Exporter({"model": model, "imgsz": args.imgsz, "batch": 1, "data": args.data, "datasets_dir": args.datasets_dir,
                          "fraction": args.fraction, "iou": args.iou, "max_det": args.max_det, "opset": args.opset, **spec},
-                        validate=False)
+                        validate=False, folder=folder)
     return exporter(model)
 
 
@@ -67,9 +69,9 @@ def benchmark(args: Config) -> list[dict[str, Any]]:
     imgsz = (args.imgsz, args.imgsz) if isinstance(args.imgsz, int) else tuple(args.imgsz)
     val = check_data(args.data, args.datasets_dir)["val"]
     files = list_image_files(val)[:TIMED_IMAGES]
-    rows, reference = [], None
+    rows, reference, folder = [], None, run_dir(args, "benchmark")
     for token in tokens:
-        path = export_variant(str(args.model), token, args)
+        path = export_variant(str(args.model), token, args, folder)
         metrics, validator = val_map(path, args.data, list(imgsz), 1, args.datasets_dir, Path(path).parent)
         if reference is None:
             reference = val_map(str(args.model), args.data, list(imgsz), 1, args.datasets_dir, Path(path).parent, like=validator)[0]
@@ -78,7 +80,7 @@ def benchmark(args: Config) -> list[dict[str, Any]]:
         backend = load_backend(path, threads=threads)
         rows.append(_row(token, path, metrics[MAP_KEY], reference[MAP_KEY], time_backend(backend, files, imgsz, args.iou, args.max_det),
                          threads))
-    save = run_dir(args, "benchmark") / "benchmark.csv"
+    save = folder / "benchmark.csv"
     with open(save, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()

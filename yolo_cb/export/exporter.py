@@ -124,14 +124,17 @@ def verify_backend(path: str | Path, model: nn.Module, image_tensor: torch.Tenso
 class Exporter:
     """Exports a checkpoint or module to args.format (onnx | torchscript) and verifies the result; see the module docstring."""
 
-    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None, validate: bool = True):
-        """validate: with data=, validate the export and PyTorch on its val split (benchmark and export_check do it themselves)."""
+    def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None, validate: bool = True,
+                 folder: Path | None = None):
+        """validate: with data=, validate the export and PyTorch on its val split (benchmark and export_check do it themselves);
+        folder: where the export goes (None: beside its checkpoint; the benchmark writes into its own run folder)."""
         if isinstance(args, Config):
             self.args = args
         else:
             self.args = get_config({**EXPORT_DEFAULTS, **(args or {})})
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.validate = validate
+        self.folder = Path(folder) if folder is not None else None
         self.file: Path | None = None  # the source model (.pt), as Ultralytics' exporter.file; None for an nn.Module
         self.output: Path | None = None  # the exported file or folder, set at on_export_start, written by on_export_end
         self.model: nn.Module | None = None
@@ -246,7 +249,8 @@ class Exporter:
         stem = weights.stem if weights is not None else str(getattr(module, "name", "yolox")).lower() or "yolox"
         stem += ("_int8" if self.args.int8 else "_half" if self.args.half else "") + ("_nms" if self.args.nms else "")
         name = {"onnx": f"{stem}.onnx", "torchscript": f"{stem}.torchscript", "openvino": f"{stem}_openvino_model"}[fmt]
-        return (weights.parent if weights is not None else Path(self.args.project or ".")) / name
+        folder = self.folder or (weights.parent if weights is not None else Path(self.args.project or "."))
+        return folder / name
 
     def _onnx_bytes(self, module: nn.Module, imgsz: tuple[int, int], batch: int) -> bytes:
         args = self.args
