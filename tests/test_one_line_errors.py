@@ -84,3 +84,19 @@ def test_a_bad_model_yaml_value_on_the_cli_is_one_line(tmp_path, shapes_small_ya
     (tmp_path / "bad.yaml").write_text("depth: 0.33\nwidth: 0.25\nact: foo\n")
     line = one_line(yolo_cb("train", "model=bad.yaml", f"data={shapes_small_yaml}", "epochs=1", "imgsz=64", cwd=tmp_path))
     assert line == "yolo-cb: error: model bad: act='foo' is not one of silu, relu, lrelu"
+
+
+def test_a_checkpoints_recorded_data_never_starts_a_download(tmp_path):
+    """A checkpoint's saved data=coco8.yaml made `val` create ./datasets and start a download (round 3's last case)."""
+    import os
+
+    import torch
+
+    good = torch.load(tiny_checkpoint(tmp_path / "m.pt"), weights_only=True)
+    torch.save({**good, "train_args": {**good["train_args"], "data": "coco8.yaml"}}, tmp_path / "recorded.pt")
+    env = {**os.environ, "YOLO_CB_DATASETS": str(tmp_path / "datasets")}  # coco8 is nowhere there
+    done = subprocess.run([sys.executable, "-m", "yolo_cb", "val", "model=recorded.pt", "imgsz=64"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    line = one_line(done)
+    assert "records data=coco8.yaml, which is not on this machine" in line and "pass data=" in line
+    assert not (tmp_path / "datasets").exists()

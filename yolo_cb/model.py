@@ -26,6 +26,7 @@ from yolo_cb.callbacks.registry import REGISTRY
 from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.checkpoints.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
 from yolo_cb.config import Config, ConfigError, coerce, get_config
+from yolo_cb.data.resolve import require_local
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.export.exporter import Exporter
@@ -244,6 +245,8 @@ class YOLO(ModelHabits):
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**self.overrides, **kwargs, "mode": "val", "model": kwargs.get("model", self.source)})
         self._require_weights("val", args.model)
+        if "data" not in kwargs and self.overrides.get("data") is not None and self.trainer is None:  # the checkpoint's own
+            require_local(args.data, args.datasets_dir, self.source)
         setup_logging(args.verbose)
         validator = Validator(args, callbacks=self._engine_callbacks(args))
         self.metrics = validator(model=args.model)

@@ -168,13 +168,13 @@ def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError
                               f"(split=val|test|train)")
 
 
-def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict:
+def check_data(data: str | os.PathLike, datasets_dir: str | None = None, download: bool = True) -> dict:
     """Resolve a dataset YAML (path or bundled name) into absolute split paths, names and nc.
 
     Returns ``yaml_file``, ``path`` (root), ``train``/``val``/``test`` (an absolute path string, a list of them
     when the YAML lists several, or None), ``names`` ({id: name}), ``nc``, and ``category_ids`` when the YAML has one. Downloads
-    (``download:``) or generates (``generate:``) missing data; otherwise raises FileNotFoundError
-    listing every place looked.
+    (``download:``) or generates (``generate:``) missing data unless `download` is False; otherwise raises
+    FileNotFoundError listing every place looked.
     """
 
     yaml_file = find_dataset_cfg(str(data)).resolve()
@@ -183,7 +183,7 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     places = _candidate_roots(cfg, yaml_file, ddir)
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
-    if root is None:
+    if root is None and download:
         root, failure = _fetch_missing(cfg, places[-1][0], ddir, yaml_file)
     if root is None:
         looked = "\n".join(f"  {p}  ({why})" for p, why in places)
@@ -278,3 +278,16 @@ def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: P
             raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
         out["category_ids"] = [int(i) for i in ids]
     return out
+
+
+def require_local(data: str, datasets_dir: str | None, recorded_in: str) -> None:
+    """DataError, one line, when the dataset a file records (a checkpoint's data=) is not on this machine: a setting read
+    from a file never starts a download (a checkpoint's data=coco8.yaml made val create ./datasets and fetch it)."""
+    cfg, _ = _read_dataset_yaml(find_dataset_cfg(str(data)).resolve())
+    if not cfg.get("download"):
+        return  # nothing it could fetch (a synthetic set is generated locally, as for any run)
+    try:
+        check_data(data, datasets_dir, download=False)
+    except FileNotFoundError:
+        raise DataError(f"{recorded_in} records data={data}, which is not on this machine, and a setting read from a file never "
+                        f"starts a download: pass data= (data={data} fetches it when its YAML says how)") from None
