@@ -96,13 +96,21 @@ MIN_LIMIT = 64 * 2**20  # ... or to this many bytes, whichever is more (small ar
 FREE_MARGIN = 256 * 2**20  # room left on the disk after an extraction
 
 
-def _checked_members(archive: Path, root: Path, dest: Path, label: str) -> tuple[str, list, int]:
-    """("zip" or "tar", the members, their total size), after refusing any member that is unsafe (outside ``dest``,
-    a link or device); nothing is written here."""
+def _in_folder(name: str, only: str | None) -> bool:
+    """Whether archive member ``name`` lies in the top folder ``only`` (any member does when ``only`` is None)."""
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    return only is None or (bool(parts) and parts[0] == only)
+
+
+def _checked_members(archive: Path, root: Path, dest: Path, label: str, only: str | None = None) -> tuple[str, list, int]:
+    """("zip" or "tar", the members, their total size), after refusing any member that is unsafe (outside ``dest``, or
+    outside its folder ``only`` there: a sibling dataset's; a link or device); nothing is written here."""
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
         for info in members:
+            if not _in_folder(info.filename, only):
+                raise DataError(_outside_its_folder(info.filename, label, dest, only))
             if not _inside(root, info.filename):
                 raise DataError(f"unsafe member '{info.filename}' in {label}: it would extract outside {dest}; archive refused, nothing extracted")
             if stat.S_ISLNK(info.external_attr >> 16):
@@ -112,11 +120,18 @@ def _checked_members(archive: Path, root: Path, dest: Path, label: str) -> tuple
         with tarfile.open(archive) as tf:
             members = tf.getmembers()
         for m in members:
+            if not _in_folder(m.name, only):
+                raise DataError(_outside_its_folder(m.name, label, dest, only))
             if not _inside(root, m.name) or not (m.isfile() or m.isdir()):
                 kind = "outside " + str(dest) if not _inside(root, m.name) else "a link or device file"
                 raise DataError(f"unsafe member '{m.name}' in {label}: {kind}; archive refused, nothing extracted")
         return "tar", members, sum(m.size for m in members if m.isfile())
     raise DataError(f"{label} is not a zip or tar archive")
+
+
+def _outside_its_folder(name: str, label: str, dest: Path, only: str) -> str:
+    return (f"unsafe member '{name}' in {label}: the dataset's files go in {Path(dest) / only}, and this one would land beside "
+            f"it (another dataset's folder in {dest}); archive refused, nothing extracted")
 
 
 def _check_expansion(archive: Path, root: Path, total: int, label: str) -> None:
@@ -143,10 +158,11 @@ def _merge(src: Path, dest: Path) -> None:
             os.replace(Path(folder) / name, target / name)
 
 
-def safe_extract(archive: Path, dest: Path, label: str | None = None) -> None:
+def safe_extract(archive: Path, dest: Path, label: str | None = None, only: str | None = None) -> None:
     """Extract a zip or tar archive into ``dest``, refusing the whole archive before writing anything when a member
     would land outside it (absolute path, ``..``), is a link or device (tar), or the archive would expand past
-    MAX_RATIO times its size or past the free space. ``label`` names the archive in messages (default: its path).
+    MAX_RATIO times its size or past the free space. ``label`` names the archive in messages (default: its path);
+    ``only``: the top folder every member must be in (a dataset's archive extracts into its own folder, never a sibling's).
 
     The members are extracted into a temp folder in ``dest`` and moved into place only when all of them are out: a
     corrupt member, a full disk or an interrupt removes everything this call wrote."""
@@ -154,7 +170,7 @@ def safe_extract(archive: Path, dest: Path, label: str | None = None) -> None:
     label = label or str(archive)
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    kind, members, total = _checked_members(archive, root, dest, label)
+    kind, members, total = _checked_members(archive, root, dest, label, only)
     _check_expansion(archive, root, total, label)
     staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
     try:
@@ -172,8 +188,9 @@ def safe_extract(archive: Path, dest: Path, label: str | None = None) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def download_dataset(url: str, datasets_dir: Path, keep_archive: bool = False) -> Path:
-    """Download the archive at ``url`` into a temp file in ``datasets_dir`` and extract it there.
+def download_dataset(url: str, datasets_dir: Path, keep_archive: bool = False, only: str | None = None) -> Path:
+    """Download the archive at ``url`` into a temp file in ``datasets_dir`` and extract it there (every member in the top
+    folder ``only`` when given: the dataset's own).
 
     The temp file never replaces a file of the user's; with ``keep_archive`` it is kept as ``datasets_dir/<name>``
     unless that name is taken."""
@@ -184,7 +201,7 @@ def download_dataset(url: str, datasets_dir: Path, keep_archive: bool = False) -
     LOGGER.info(f"dataset not found locally: downloading {url} into {datasets_dir}")
     archive = _fetch(url, datasets_dir, name)
     try:
-        safe_extract(archive, datasets_dir, label=name)
+        safe_extract(archive, datasets_dir, label=name, only=only)
         if keep_archive and not (datasets_dir / name).exists():
             os.replace(archive, datasets_dir / name)
     finally:

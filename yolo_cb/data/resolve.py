@@ -251,7 +251,7 @@ def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
         if not is_url(url):
             raise DatasetConfigError(f"{yaml_file}: 'download' must be an http(s) URL of a zip/tar archive, got {short_repr(url)}")
         try:
-            download_dataset(url, target.parent)
+            download_dataset(url, target.parent, only=target.name)  # into the dataset's folder, never a sibling's
         except DataError as e:  # an unsafe or unusable archive: refused, whatever else is missing
             raise DataError(f"{yaml_file}: the download from {url} was refused: {e}") from None
         except (OSError, ValueError) as e:
