@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_cb.checkpoints.checkpoint import Checkpoint, read_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.config import Config, load_defaults
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
@@ -86,15 +86,15 @@ def build_model(trainer) -> None:
     source = resolve_weights(trainer.model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
     init_ckpt = None
     if trainer.resume_ckpt is not None:
-        cfg = Checkpoint.of(trainer.resume_ckpt, args.resume).model_cfg
+        cfg = trainer.resume_ckpt.model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
-        init_ckpt = read_checkpoint(source)
+        init_ckpt = load_checkpoint(source)
         cfg = init_ckpt.model_cfg
     else:
         cfg = source
     model = build(cfg, nc=int(parts.data["nc"]), verbose=trainer.is_main, imgsz=args.imgsz)
     if args.pretrained and not isinstance(args.pretrained, bool):
-        init_ckpt = read_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+        init_ckpt = load_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
     model.names = dict(parts.data["names"])
@@ -113,11 +113,10 @@ def configure_criterion(args: Config, parts: Parts) -> None:
     refuse_unread_loss_settings(args, criterion)
 
 
-def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
+def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint) -> int:
     """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
     YOLOX's prior bias). Returns the number of tensors transferred."""
 
-    ckpt = Checkpoint.of(ckpt)
     source = ckpt.ema or ckpt.model
     own = model.state_dict()
     matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}

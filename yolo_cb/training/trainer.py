@@ -13,6 +13,7 @@ from time import perf_counter
 from typing import Any
 
 from yolo_cb.callbacks.dispatch import Callbacks
+from yolo_cb.checkpoints.checkpoint import Checkpoint
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
@@ -66,7 +67,7 @@ class Trainer:
         self.clock = Clock()
         self.output = EpochOutput()  # the epoch's record and the image files written in it: training/epoch_record.py
         self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
-        self.resume_ckpt: dict | None = None
+        self.resume_ckpt: Checkpoint | None = None  # the checkpoint a resume continues (load_checkpoint's)
         self.exception: BaseException | None = None
         self.validate_every_epoch = False  # set by the YOLOX stage switch: validate each epoch after the switch
 
