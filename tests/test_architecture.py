@@ -8,6 +8,7 @@ next engineer.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
@@ -310,3 +311,26 @@ def test_the_order_check_sees_a_planted_upward_import_inside_a_package():
     assert imports_against_the_order(planted, INSIDE) == ["yolo_cb.training.step -> yolo_cb.training.trainer"]
     nested = {**graph, "yolo_cb.nn.boxes": graph["yolo_cb.nn.boxes"] | {"yolo_cb.nn.yolox.loss"}}
     assert imports_against_the_order(nested, INSIDE) == ["yolo_cb.nn.boxes -> yolo_cb.nn.yolox.loss"]
+
+
+# --- a checkpoint is a Checkpoint from the load on: no signature takes "a Checkpoint or its dict" ----------------------
+EITHER = re.compile(r"\bCheckpoint\s*\|\s*dict\b|\bdict(\[[^\]]*\])?\s*\|\s*Checkpoint\b")
+
+
+def checkpoint_or_dict(source: str) -> list[int]:
+    """The lines of `source` that offer a Checkpoint or a dict (`Checkpoint | dict`, `dict[str, Any] | Checkpoint`)."""
+    return [i for i, line in enumerate(source.splitlines(), 1) if EITHER.search(line)]
+
+
+def test_load_checkpoint_returns_a_checkpoint_and_nothing_takes_its_dict_instead():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{i}" for path in sorted(PACKAGE.rglob("*.py"))
+             for i in checkpoint_or_dict(path.read_text(encoding="utf-8"))]
+    assert not found, f"a checkpoint is a Checkpoint (load_checkpoint's), not a dict: {found}"
+    tree = ast.parse((PACKAGE / "checkpoints" / "checkpoint.py").read_text(encoding="utf-8"))
+    load = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "load_checkpoint")
+    assert load.returns is not None and ast.unparse(load.returns) == "Checkpoint"
+
+
+def test_the_checkpoint_or_dict_check_sees_both_orders():
+    planted = "def f(ckpt: Checkpoint | dict) -> None:\n    pass\ndef g(c: dict[str, Any] | Checkpoint): ...\nx: Checkpoint | None\n"
+    assert checkpoint_or_dict(planted) == [1, 3]

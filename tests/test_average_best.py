@@ -39,14 +39,14 @@ def test_the_average_of_two_checkpoints_is_their_mean(run):
     assert len(paths) == 2
     a, b = (load_checkpoint(p) for p in paths)
     averaged = average_checkpoints(paths)
-    for key in ("model", "ema"):
-        assert any(k.endswith("running_var") for k in averaged[key])
-        for name, value in averaged[key].items():
+    for mean, first, second in ((averaged.model, a.model, b.model), (averaged.ema, a.ema, b.ema)):
+        assert any(k.endswith("running_var") for k in mean)
+        for name, value in mean.items():
             if value.is_floating_point():
-                assert torch.allclose(value, (a[key][name] + b[key][name]) / 2, rtol=1e-6, atol=1e-9), name
+                assert torch.allclose(value, (first[name] + second[name]) / 2, rtol=1e-6, atol=1e-9), name
             else:
-                assert torch.equal(value, a[key][name]), name  # num_batches_tracked: the first checkpoint's
-    assert averaged["averaged_epochs"] == [a["epoch"] + 1, b["epoch"] + 1] and averaged["optimizer"] is None
+                assert torch.equal(value, first[name]), name  # num_batches_tracked: the first checkpoint's
+    assert averaged.extras["averaged_epochs"] == [a.epoch + 1, b.epoch + 1] and averaged.optimizer is None
 
 
 def test_one_line_says_which_file_was_kept(run):

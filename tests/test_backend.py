@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.export.exporter import export_onnx
 from yolo_cb.nn import build_model
 from yolo_cb.prediction.backend import load_backend, parse_names
@@ -22,8 +22,8 @@ def files(tmp_path_factory):
     torch.manual_seed(1)
     model = build_model("yolox-nano", nc=3, verbose=False)
     state = model.state_dict()
-    weights = save_checkpoint({"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": NAMES, "train_args": {},
-                               "epoch": 0, "version": "0", "date": "2026-01-01"}, root / "best.pt")
+    weights = save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names=NAMES, train_args={},
+                                         epoch=0, version="0", date="2026-01-01"), root / "best.pt")
     fused = model_from_checkpoint(weights).fuse()
     metadata = {"names": json.dumps(NAMES), "imgsz": [64, 64], "stride": 32, "batch": 1}
     onnx_file = export_onnx(fused, root / "best.onnx", (64, 64), opset=17, simplify=False, metadata=metadata)

@@ -85,7 +85,7 @@ def test_a_resume_takes_no_settings_file_and_no_place_from_the_checkpoint(tmp_pa
     assert not any(path.exists() for path in places.values()), [p for p in places.values() if p.exists()]
     resumed = [p.parent.parent for p in (tmp_path / "mine").glob("*/weights/last.pt")]
     assert [p.name for p in resumed] == ["train"], resumed  # the default name, not the checkpoint's
-    assert load_checkpoint(resumed[0] / "weights" / "last.pt")["epoch"] == 1
+    assert load_checkpoint(resumed[0] / "weights" / "last.pt").epoch == 1
     assert sorted(p.name for p in (tmp_path / "loose").iterdir()) == ["evil.pt"]  # nothing written beside the file
 
 
@@ -94,7 +94,7 @@ def test_code_given_again_on_resume_is_the_users_own(tmp_path, trained):
     evil = craft(trained[0], tmp_path / "loose", callbacks=["on_train_start=cbpkg:log_epoch"])
     done = cli(tmp_path, f"resume={evil}", "callbacks=", f"project={tmp_path / 'mine'}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert load_checkpoint(tmp_path / "mine" / "train" / "weights" / "last.pt")["epoch"] == 1
+    assert load_checkpoint(tmp_path / "mine" / "train" / "weights" / "last.pt").epoch == 1
 
 
 def test_a_checkpoint_as_the_model_names_no_datasets_dir(tmp_path, trained, monkeypatch):

@@ -126,7 +126,7 @@ def test_ddp_resume_from_rank0_checkpoint_across_an_unfreeze(tiny, tmp_path):
     weights = tmp_path / "runs" / "exp" / "weights"
     last = weights / "last.pt"
 
-    assert load_checkpoint(last)["epoch"] == 0
+    assert load_checkpoint(last).epoch == 0
     starts = tmp_path / "starts"
     starts.mkdir()
     resumed = YOLO()
@@ -134,9 +134,9 @@ def test_ddp_resume_from_rank0_checkpoint_across_an_unfreeze(tiny, tmp_path):
     resumed.add_callback("on_train_end", save_params(starts))
     metrics = resumed.train(resume=str(last), nproc=2, device="cpu")
     assert (starts / "rank0").read_text() == (starts / "rank1").read_text() == "1"
-    assert "metrics/mAP50-95(B)" in metrics and load_checkpoint(last)["epoch"] == 1
+    assert "metrics/mAP50-95(B)" in metrics and load_checkpoint(last).epoch == 1
 
-    initial, epoch1, end = (load_checkpoint(weights / name)["model"] for name in ("initial.pt", "epoch1.pt", "last.pt"))
+    initial, epoch1, end = (load_checkpoint(weights / name).model for name in ("initial.pt", "epoch1.pt", "last.pt"))
     keys = [k for k in initial if k.startswith(frozen)]
     assert keys and all(torch.equal(initial[k], epoch1[k]) for k in keys)  # bit-identical before epoch 1
     weights_after = [k for k in keys if k.endswith(".weight")]

@@ -55,8 +55,8 @@ def test_after_early_stopping_the_model_holds_best_pts_weights(runs):
     run = out["skip"]
     assert epochs_in(run["dir"]) == 2
     best, last = load_checkpoint(run["dir"] / "weights" / "best.pt"), load_checkpoint(run["dir"] / "weights" / "last.pt")
-    assert best["epoch"] == 0 and last["epoch"] == 1
-    assert same(run["state"], best["model"]) and not same(run["state"], last["model"])
+    assert best.epoch == 0 and last.epoch == 1
+    assert same(run["state"], best.model) and not same(run["state"], last.model)
     assert run["model"].source.endswith("best.pt")
 
 
@@ -64,7 +64,7 @@ def test_restore_best_weights_false_keeps_the_last_epoch(runs):
     out, _ = runs
     run = out["keep_last"]
     last = load_checkpoint(run["dir"] / "weights" / "last.pt")
-    assert same(run["state"], last["model"]) and run["model"].source.endswith("last.pt")
+    assert same(run["state"], last.model) and run["model"].source.endswith("last.pt")
 
 
 def test_skip_says_the_close_mosaic_stage_is_skipped(runs):
@@ -78,4 +78,4 @@ def test_finish_trains_the_close_mosaic_stage_then_stops(runs):
     assert epochs_in(out["finish"]["dir"]) == 4  # stopped after 2, then the 2 stage epochs
     assert any("YOLOX stage switch at epoch 3/4" in m for m in logs["finish"])
     last = load_checkpoint(out["finish"]["dir"] / "weights" / "last.pt")
-    assert last["epoch"] == 3 and last["finished"]
+    assert last.epoch == 3 and last.finished

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.export.exporter import Exporter, ExportError, compare, dataset_image, sample_image, verify_onnx
 from yolo_cb.nn import build_model
 from yolo_cb.prediction.backend import load_backend
@@ -34,8 +34,8 @@ def make_checkpoint(path: Path, train_args: dict | None = None) -> Path:
         for conv in (*model.head.obj_preds, *model.head.cls_preds):
             conv.bias.fill_(0.5)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    ckpt = {"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": NAMES, "train_args": train_args or {"imgsz": 96},
-            "epoch": 0, "best_fitness": 0.0, "version": "0.1.0", "date": "2026-01-01T00:00:00"}
+    ckpt = Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names=NAMES, train_args=train_args or {"imgsz": 96},
+                      epoch=0, best_fitness=0.0, version="0.1.0", date="2026-01-01T00:00:00")
     return save_checkpoint(ckpt, path)
 
 

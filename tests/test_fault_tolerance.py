@@ -43,9 +43,9 @@ def torchrun(*options: str) -> list[str]:
 
 def assert_same_weights(a: Path, b: Path) -> None:
     first, second = load_checkpoint(a), load_checkpoint(b)
-    for key in ("model", "ema"):
-        assert first[key].keys() == second[key].keys()
-        differ = [k for k in first[key] if not torch.equal(first[key][k], second[key][k])]
+    for key, one, other in (("model", first.model, second.model), ("ema", first.ema, second.ema)):
+        assert one.keys() == other.keys()
+        differ = [k for k in one if not torch.equal(one[k], other[k])]
         assert not differ, f"{key}: {len(differ)} tensors differ, e.g. {differ[:3]}"
 
 
@@ -79,7 +79,7 @@ def test_resume_auto_job_script_started_three_times_finishes_the_run_once(tmp_pa
     assert batches == [f"{e},{b}" for e in range(2) for b in range(4)]  # every batch trained once: none lost, none repeated
     assert len(lines(log, "start")) == 2 and lines(log, "end") == ["end -1"]  # trained by two starts, finished once
     ckpt = load_checkpoint(project / "job" / "weights" / "last.pt")
-    assert ckpt["finished"] and ckpt["epoch"] == 1 and ckpt["optimizer_steps"] == 8
+    assert ckpt.finished and ckpt.epoch == 1 and ckpt.optimizer_steps == 8
     assert sorted(p.name for p in project.iterdir()) == ["job"]  # one run folder, never job2
     straight = subprocess.run([sys.executable, "-m", "yolo_cb", "train", *train_args(shapes_small_yaml, tmp_path / "straight", "job")],
                               cwd=tmp_path, env=env_for(tmp_path / "straight.log"), capture_output=True, text=True, timeout=TIMEOUT)
@@ -115,7 +115,7 @@ def test_two_torchrun_nodes_on_loopback_train_together(two_node_run):
     assert [s[0] for s in starts] == ["a", "b"] and sorted(s[1] for s in starts) == ["0", "1"] and {s[2] for s in starts} == {"2"}
     batches = sorted(line.split(" ", 1)[1] for line in lines(run["log"], "batch"))
     assert batches == sorted(f"{r} {e},{b}" for r in (0, 1) for e in range(2) for b in range(2))
-    assert load_checkpoint(run["last"])["finished"]
+    assert load_checkpoint(run["last"]).finished
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_the_training_features_examples_run(tiny, tmp_path):
     assert late and all(g["ramp_iters"] == 2 for g in late)  # half of the 4 batches of an epoch
     entry = next(e for e in model.trainer.callbacks.entries("on_fit_epoch_end") if e.fn is namespace["print_weakest_class"])
     assert entry.calls == 2 and not entry.errors
-    assert load_checkpoint(run / "weights" / "last.pt")["train_args"]["unfreeze_epoch"] == 1
+    assert load_checkpoint(run / "weights" / "last.pt").train_args["unfreeze_epoch"] == 1
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_the_cli_feature_commands_run(tmp_path, shapes_small_yaml):
         result = cli(words, cwd=tmp_path)
         assert result.returncode == 0, (line, result.stderr[-3000:])
     last = load_checkpoint(runs / "train" / "weights" / "last.pt")
-    assert last["epoch"] == 2 and last["train_args"]["epochs"] == 3
+    assert last.epoch == 2 and last.train_args["epochs"] == 3
     assert (tmp_path / "val" / "v" / "results_per_class.csv").is_file()
     assert list((runs / "train" / "worst").glob("epoch1_train*.jpg"))  # worst_source=both
 

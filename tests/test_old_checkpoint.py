@@ -10,7 +10,7 @@ from fixtures.make_4f22c48_compat import lists, one_set, two_sets, write_yaml
 from test_resume_safety import cli, write_data
 
 from yolo_cb import YOLO
-from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint
 from yolo_cb.data.resolve import check_data
 from yolo_cb.nn import YOLOCB
 from yolo_cb.recipe.ema import unwrap
@@ -22,10 +22,11 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "a1e3525_tiny_last.pt"
 
 
 def test_a_checkpoint_of_a1e3525_loads_without_a_checksum():
+    assert "tensors_crc32" not in torch.load(FIXTURE, weights_only=True)
     ckpt = load_checkpoint(FIXTURE)
-    assert "tensors_crc32" not in ckpt and ckpt["epoch"] == 0 and ckpt["finished"] is False
+    assert ckpt.epoch == 0 and ckpt.finished is False
     model = model_from_checkpoint(ckpt)
-    assert model(torch.zeros(1, 3, 64, 64)).shape[-1] == 5 + len(ckpt["names"])
+    assert model(torch.zeros(1, 3, 64, 64)).shape[-1] == 5 + len(ckpt.names)
 
 
 def test_a_checkpoint_of_a1e3525_resumes_to_the_end(tmp_path, shapes_dir):
@@ -37,9 +38,10 @@ def test_a_checkpoint_of_a1e3525_resumes_to_the_end(tmp_path, shapes_dir):
     torch.save(ckpt, old)  # as a1e3525 wrote it: no checksum
     done = cli(tmp_path, f"resume={old}", f"project={tmp_path / 'runs'}", "name=resumed")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
-    assert last["epoch"] == 1 and last["finished"] is True and isinstance(last["tensors_crc32"], int)
-    assert last["model_cfg"]["width"] == 0.0625
+    written = tmp_path / "runs" / "resumed" / "weights" / "last.pt"
+    assert isinstance(torch.load(written, weights_only=True)["tensors_crc32"], int)
+    last = load_checkpoint(written)
+    assert last.epoch == 1 and last.finished is True and last.model_cfg["width"] == 0.0625
 
 
 # --- a YOLOCB checkpoint written before its layers were one indexed list (backbone.*, neck.*, head.*) ------------------
@@ -61,11 +63,11 @@ def test_a_yolocb_checkpoint_of_4f22c48_loads_under_the_indexed_names_with_the_s
     written = torch.load(YOLOCB_FIXTURE, weights_only=True)
     assert next(iter(written["model"])) == "backbone.stem.conv.weight"  # the names it was written with
     ckpt = load_checkpoint(YOLOCB_FIXTURE)  # read as today's names
-    assert all(k.startswith("model.") for k in (*ckpt["model"], *ckpt["ema"])) and "model.11.cls_branches.2.2.bias" in ckpt["ema"]
+    assert all(k.startswith("model.") for k in (*ckpt.model, *ckpt.ema)) and "model.11.cls_branches.2.2.bias" in ckpt.ema
     model = model_from_checkpoint(ckpt)
     with torch.no_grad():
         assert same_as_4f22c48(model(fixed_input()))
-    fresh = YOLOCB(**{k: v for k, v in ckpt["model_cfg"].items() if k != "family"}).eval()
+    fresh = YOLOCB(**{k: v for k, v in ckpt.model_cfg.items() if k != "family"}).eval()
     fresh.load_state_dict(written["ema"])  # the old keys straight into load_state_dict (its pre-hook maps them)
     with torch.no_grad():
         assert torch.equal(fresh(fixed_input()), model(fixed_input()))
@@ -82,10 +84,10 @@ def test_a_yolocb_checkpoint_of_4f22c48_resumes_to_the_end(tmp_path, shapes_dir,
     # its early_stopping callback's state (a second best, before early stopping was a step of the loop) is read, not warned about
     assert "callback 'early_stopping'" not in caplog.text and "early_stopping" in ckpt["callbacks"]
     last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
-    assert last["epoch"] == 1 and last["finished"] is True and next(iter(last["model"])) == "model.0.conv.weight"
-    stats = {k: v for k, v in load_checkpoint(YOLOCB_FIXTURE)["model"].items() if k.endswith("running_mean")}
+    assert last.epoch == 1 and last.finished is True and next(iter(last.model)) == "model.0.conv.weight"
+    stats = {k: v for k, v in load_checkpoint(YOLOCB_FIXTURE).model.items() if k.endswith("running_mean")}
     for key, value in stats.items():  # BatchNorm statistics moved in every layer but the stem, frozen as backbone.stem
-        assert torch.equal(value, last["model"][key]) == key.startswith("model.0."), key
+        assert torch.equal(value, last.model[key]) == key.startswith("model.0."), key
 
 
 def test_a_yolocb_checkpoint_of_4f22c48_exports_to_graphs_with_its_outputs(tmp_path):
@@ -144,7 +146,7 @@ def test_a_freeze_run_of_4f22c48_resumes_with_its_optimizer_state_in_todays_grou
     model.add_callback("on_before_zero_grad", after_each_step(seen))
     model.train(resume=True, callbacks=written["train_args"]["callbacks"], project=str(tmp_path / "runs"), name="resumed")
     last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
-    assert last["epoch"] == 2 and last["finished"] is True and len(seen) == 2
+    assert last.epoch == 2 and last.finished is True and len(seen) == 2
     layer = {name: name.split(".")[1] for name in seen[0][0]}  # model.<i>.*: 0 stem, 1 stage2, 2 stage3
     # each tensor's state where its position in the old groups says: the stem 2 + 1 steps, the others 4 + 1, stage2 fresh
     expected = {"0": 3, "1": 1, "2": None}
@@ -153,11 +155,11 @@ def test_a_freeze_run_of_4f22c48_resumes_with_its_optimizer_state_in_todays_grou
     for step, ramp in enumerate((0.5, 1.0)):
         wanted = {"0": 1.0, "1": ramp, "2": 0.0}
         assert all(seen[step][1][n] == pytest.approx(wanted.get(layer[n], 1.0)) for n in seen[step][1]), seen[step][1]
-    before = load_checkpoint(FREEZE_FIXTURE)["model"]  # under today's names
-    for key, value in last["model"].items():  # stage3 (model.2) still frozen: bit-identical; stem and stage2 trained
+    before = load_checkpoint(FREEZE_FIXTURE).model  # under today's names
+    for key, value in last.model.items():  # stage3 (model.2) still frozen: bit-identical; stem and stage2 trained
         if key.startswith("model.2."):
             assert torch.equal(value, before[key]), key
-    assert all(not torch.equal(last["model"][k], before[k]) for k in ("model.0.conv.weight", "model.1.0.conv.weight"))
+    assert all(not torch.equal(last.model[k], before[k]) for k in ("model.0.conv.weight", "model.1.0.conv.weight"))
 
 
 def test_a_run_of_4f22c48_with_a_mapping_of_two_validation_sets_resumes(tmp_path, shapes_dir):
@@ -166,8 +168,8 @@ def test_a_run_of_4f22c48_with_a_mapping_of_two_validation_sets_resumes(tmp_path
     old = copy_on(TWO_SETS_FIXTURE, tmp_path / "old", two_sets(tmp_path / "data", shapes_dir))
     YOLO(str(old)).train(resume=True, project=str(tmp_path / "runs"), name="resumed")
     last = load_checkpoint(tmp_path / "runs" / "resumed" / "weights" / "last.pt")
-    assert last["epoch"] == 1 and last["finished"] is True and {"day/fitness", "night/fitness"} <= set(last["metrics"])
-    assert last["data_fingerprint"]["val_images"] == 5 and last["data_fingerprint"]["version"] == 2  # now every set
+    assert last.epoch == 1 and last.finished is True and {"day/fitness", "night/fitness"} <= set(last.metrics)
+    assert last.data_fingerprint["val_images"] == 5 and last.data_fingerprint["version"] == 2  # now every set
 
 
 @pytest.mark.parametrize("changed", ["day", "train"])
@@ -186,17 +188,17 @@ def test_a_fingerprint_is_compared_in_the_form_its_checkpoint_recorded(tmp_path,
     mapping = check_data(str(two_sets(tmp_path / "a", shapes_dir)))
     today = dataset_fingerprint(mapping)
     assert today["val_images"] == 5 and today["version"] == 2
-    check_same_dataset({"data_fingerprint": today}, mapping, "new.pt")  # the same data
+    check_same_dataset(Checkpoint(data_fingerprint=today), mapping, "new.pt")  # the same data
     night_changed = check_data(str(two_sets(tmp_path / "b", shapes_dir, night=1)))
     with pytest.raises(ResumeError, match="the dataset changed"):  # today's form sees every set
-        check_same_dataset({"data_fingerprint": today}, night_changed, "new.pt")
+        check_same_dataset(Checkpoint(data_fingerprint=today), night_changed, "new.pt")
     recorded = torch.load(TWO_SETS_FIXTURE, weights_only=True)["data_fingerprint"]  # 4f22c48: the first set of a mapping
-    check_same_dataset({"data_fingerprint": recorded}, mapping, "old.pt")
+    check_same_dataset(Checkpoint(data_fingerprint=recorded), mapping, "old.pt")
     with pytest.raises(ResumeError, match="the dataset changed"):  # 5 is not what 4f22c48 counted for this mapping
-        check_same_dataset({"data_fingerprint": {**recorded, "val_images": 5}}, mapping, "old.pt")
+        check_same_dataset(Checkpoint(data_fingerprint={**recorded, "val_images": 5}), mapping, "old.pt")
     folder = tmp_path / "c"  # a list under val: 4f22c48 joined it into one set, so it counted every image, as today
     listed = check_data(str(write_yaml(folder, shapes_dir, list(lists(folder, shapes_dir, "val", {"day": slice(0, 3), "night": slice(3, 5)}).values()))))
     assert len(listed["val_sets"]) == 2 and dataset_fingerprint(listed)["val_images"] == 5
-    check_same_dataset({"data_fingerprint": {**recorded, "val_images": 5}}, listed, "old.pt")
+    check_same_dataset(Checkpoint(data_fingerprint={**recorded, "val_images": 5}), listed, "old.pt")
     with pytest.raises(ResumeError, match="the dataset changed"):
-        check_same_dataset({"data_fingerprint": recorded}, listed, "old.pt")
+        check_same_dataset(Checkpoint(data_fingerprint=recorded), listed, "old.pt")

@@ -13,7 +13,7 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.callbacks.events import PREDICTOR_EVENTS
-from yolo_cb.checkpoints.checkpoint import model_from_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.export.exporter import export_onnx, sample_image
 from yolo_cb.nn import build_model
 from yolo_cb.prediction.predictor import Predictor
@@ -31,8 +31,8 @@ def setup(tmp_path_factory):
         for conv in (*model.head.obj_preds, *model.head.cls_preds):
             conv.bias.fill_(0.5)
     state = model.state_dict()
-    weights = save_checkpoint({"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": NAMES, "train_args": {},
-                               "epoch": 0, "version": "0", "date": "2026-01-01"}, root / "best.pt")
+    weights = save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names=NAMES, train_args={},
+                                         epoch=0, version="0", date="2026-01-01"), root / "best.pt")
     onnx_file = export_onnx(model_from_checkpoint(weights).fuse(), root / "best.onnx", (64, 64), simplify=False,
                             metadata={"names": json.dumps(NAMES), "imgsz": [64, 64], "stride": 32, "batch": 1})
     images = root / "images"

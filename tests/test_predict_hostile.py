@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.checkpoints.checkpoint import save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
 from yolo_cb.nn import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +33,9 @@ def tiny_checkpoint(path: Path) -> Path:
         for conv in (*model.head.obj_preds, *model.head.cls_preds):
             conv.bias.fill_(0.5)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return save_checkpoint({"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": {0: "a", 1: "b"},
-                            "train_args": {"imgsz": 64}, "epoch": 0, "best_fitness": 0.0, "version": "0.1.0",
-                            "date": "2026-01-01T00:00:00"}, path)
+    return save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names={0: "a", 1: "b"},
+                                      train_args={"imgsz": 64}, epoch=0, best_fitness=0.0, version="0.1.0",
+                                      date="2026-01-01T00:00:00"), path)
 
 
 @pytest.fixture(scope="module")

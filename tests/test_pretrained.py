@@ -130,8 +130,8 @@ def test_megvii_file_loads_strictly_and_reproduces_megvii_outputs(variant, files
         assert (model.eval()(io["input"]) - io["output"]).abs().max() <= TOL
 
     ckpt = load_checkpoint(files[variant])  # the converted checkpoint: weights_only load, variant and classes from the tensors
-    assert ckpt["model_cfg"] == {k: v for k, v in arch.items() if k != "nc"} and ckpt["train_args"]["imgsz"] == imgsz
-    assert len(ckpt["names"]) == 80 and ckpt["names"][0] == "person" and ckpt["source"]["variant"] == name
+    assert ckpt.model_cfg == {k: v for k, v in arch.items() if k != "nc"} and ckpt.train_args["imgsz"] == imgsz
+    assert len(ckpt.names) == 80 and ckpt.names[0] == "person" and ckpt.extras["source"]["variant"] == name
     with torch.no_grad():
         assert (model_from_checkpoint(ckpt)(ours(io)) - io["output"]).abs().max() <= TOL
 
@@ -245,7 +245,7 @@ def test_download_verifies_records_converts_and_reuses(server, monkeypatch, tmp_
     assert sorted(p.name for p in folder.iterdir()) == ["yolox-nano.pt", "yolox_nano.pth", "yolox_nano.pth.sha256"]
     assert (folder / "yolox_nano.pth.sha256").read_text() == f"{digest}  yolox_nano.pth\n"
     converted = load_checkpoint(folder / "yolox-nano.pt")
-    assert "model_cfg" in converted and converted["source"]["sha256"] == digest
+    assert converted.model_cfg and converted.extras["source"]["sha256"] == digest
     stamp = (folder / "yolox-nano.pt").stat().st_mtime_ns
 
     monkeypatch.setenv("YOLO_CB_WEIGHTS_DIR", str(folder))  # the env override; Megvii's asset name works too

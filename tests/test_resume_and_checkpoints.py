@@ -34,13 +34,13 @@ def test_resume_is_exact(tiny, tmp_path):
     first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
     first.train(**{**tiny, **EXACT, "epochs": 2, "name": "split"})
     last = tmp_path / "runs" / "split" / "weights" / "last.pt"
-    assert load_checkpoint(last)["epoch"] == 0
+    assert load_checkpoint(last).epoch == 0
     YOLO("yolox-nano.yaml").train(resume=str(last))
 
     a = load_checkpoint(tmp_path / "runs" / "straight" / "weights" / "last.pt")
     b = load_checkpoint(last)
-    for key in ("model", "ema"):
-        diff = max((a[key][k].float() - b[key][k].float()).abs().max().item() for k in a[key])
+    for key, one, other in (("model", a.model, b.model), ("ema", a.ema, b.ema)):
+        diff = max((one[k].float() - other[k].float()).abs().max().item() for k in one)
         assert diff <= 1e-6, (key, diff)
     assert rows(tmp_path / "runs" / "straight" / "results.csv") == rows(tmp_path / "runs" / "split" / "results.csv")
 
@@ -75,12 +75,12 @@ def test_sigint_stops_within_a_batch_and_resumes(tiny, tmp_path, monkeypatch):
     assert len(batches.read_text().split()) - seen_before <= 2
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
     ckpt = load_checkpoint(last)
-    assert ckpt["optimizer"] is not None and ckpt["epoch"] >= 1
+    assert ckpt.optimizer is not None and ckpt.epoch >= 1
     monkeypatch.setenv("CBPKG_LOG", str(batches))  # the resumed run gets cbpkg:log_batch again (a checkpoint names no code)
     resumed = YOLO()
     resumed.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
     metrics = resumed.train(resume=str(last), callbacks="on_train_batch_end=cbpkg:log_batch")
-    assert "metrics/mAP50-95(B)" in metrics and resumed.trainer.start_epoch == ckpt["epoch"] + 1
+    assert "metrics/mAP50-95(B)" in metrics and resumed.trainer.start_epoch == ckpt.epoch + 1
 
 
 class Payload:

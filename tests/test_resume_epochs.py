@@ -46,7 +46,7 @@ def test_a_finished_run_extended_follows_the_longer_runs_lr_curve(runs):
 def test_the_new_length_is_recorded(runs):
     assert yaml.safe_load((runs["longer"] / "args.yaml").read_text())["epochs"] == 4
     ckpt = load_checkpoint(runs["longer"] / "weights" / "last.pt")
-    assert ckpt["train_args"]["epochs"] == 4 and ckpt["epoch"] == 3 and ckpt["finished"]
+    assert ckpt.train_args["epochs"] == 4 and ckpt.epoch == 3 and ckpt.finished
 
 
 def test_fewer_epochs_than_trained_is_refused_with_one_line(runs):

@@ -72,8 +72,8 @@ def test_kill_between_last_and_best_restores_best_and_results_on_resume(tmp_path
     first = cli(tmp_path, *kv({**SMALL, "data": data, "epochs": 3, "project": tmp_path / "runs", "name": "exp",
                                "callbacks": "on_pretrain_routine_start=cbpkg:kill_before_best"}), env={"CBPKG_KILL_AT_EPOCH": "1"})
     assert first.returncode == -signal.SIGKILL, first.stdout[-3000:] + first.stderr[-3000:]
-    assert load_checkpoint(run / "weights" / "last.pt")["epoch"] == 1
-    assert load_checkpoint(run / "weights" / "best.pt")["epoch"] == 0  # the kill left best.pt one epoch behind
+    assert load_checkpoint(run / "weights" / "last.pt").epoch == 1
+    assert load_checkpoint(run / "weights" / "best.pt").epoch == 0  # the kill left best.pt one epoch behind
     assert epochs_in(run / "results.csv") == [1]  # and epoch 2's row unwritten
     stale = [run / "weights" / ".last.pt.k2j3h4g5.tmp", run / "weights" / ".best.pt.a1b2c3d4.tmp", run / ".results.csv.z9y8x7w6.tmp"]
     for path in stale:  # what a kill during an atomic write leaves behind
@@ -86,7 +86,7 @@ def test_kill_between_last_and_best_restores_best_and_results_on_resume(tmp_path
     assert "restored" in out and "best.pt" in out
     assert epochs_in(run / "results.csv") == [1, 2, 3]
     assert not [p for p in stale if p.exists()], "stale temp files were not cleaned"
-    assert load_checkpoint(run / "weights" / "best.pt")["epoch"] >= 1
+    assert load_checkpoint(run / "weights" / "best.pt").epoch >= 1
 
 
 def test_kill_before_the_first_best_then_resume_finishes_the_run(tmp_path, data):
@@ -101,10 +101,10 @@ def test_kill_before_the_first_best_then_resume_finishes_the_run(tmp_path, data)
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-3000:]
     assert "resuming from epoch 2 of 1" not in out
-    assert load_checkpoint(run / "weights" / "best.pt")["epoch"] == 0
+    assert load_checkpoint(run / "weights" / "best.pt").epoch == 0
     assert epochs_in(run / "results.csv") == [1]
     assert f"validating {run / 'weights' / 'best.pt'}" in out  # the final validation the kill skipped
-    assert load_checkpoint(run / "weights" / "last.pt")["optimizer"] is None  # finished: stripped
+    assert load_checkpoint(run / "weights" / "last.pt").optimizer is None  # finished: stripped
 
 
 def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data):
@@ -113,7 +113,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     first = cli(tmp_path, *kv({**SMALL, "data": data, "epochs": 2, "project": runs, "name": "exp", "callbacks": "on_fit_epoch_end=cbpkg:stop_now"}))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     last = runs / "exp" / "weights" / "last.pt"
-    assert Path(load_checkpoint(last)["save_dir"]) == (runs / "exp").resolve()
+    assert Path(load_checkpoint(last).save_dir) == (runs / "exp").resolve()
     elsewhere = tmp_path / "somewhere" / "last.pt"
     elsewhere.parent.mkdir()
     elsewhere.write_bytes(last.read_bytes())
@@ -128,7 +128,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     assert snapshot(tmp_path / "somewhere") == before_outside and snapshot(runs / "exp") == before_run
     new = runs / "exp2"
     assert "new run folder" in out and str(new) in out
-    assert load_checkpoint(new / "weights" / "last.pt")["epoch"] == 1 and (new / "weights" / "best.pt").is_file()
+    assert load_checkpoint(new / "weights" / "last.pt").epoch == 1 and (new / "weights" / "best.pt").is_file()
     assert epochs_in(new / "results.csv") == [1, 2] and (new / "args.yaml").is_file()
 
     # a whole run folder moved: its recorded folder no longer matches, so again a new run, the moved one untouched
@@ -138,7 +138,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     model = YOLO()
     model.train(resume=str(moved / "weights" / "last.pt"), callbacks=None, project=str(runs))
     assert snapshot(moved) == before_moved
-    assert model.trainer.save_dir.resolve() != moved.resolve() and load_checkpoint(model.trainer.wdir / "last.pt")["epoch"] == 1
+    assert model.trainer.save_dir.resolve() != moved.resolve() and load_checkpoint(model.trainer.wdir / "last.pt").epoch == 1
 
 
 def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path, shapes_dir):
@@ -152,8 +152,8 @@ def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path,
     last = run / "weights" / "last.pt"
     saved = yaml.safe_load((run / "args.yaml").read_text())
     ckpt = load_checkpoint(last)
-    assert saved["model"] == ckpt["train_args"]["model"] == DEFAULT_MODEL == "yolocb-n.yaml"  # no model= given: the default
-    assert saved["data"] == ckpt["train_args"]["data"] == str((a / "base.yaml").resolve())
+    assert saved["model"] == ckpt.train_args["model"] == DEFAULT_MODEL == "yolocb-n.yaml"  # no model= given: the default
+    assert saved["data"] == ckpt.train_args["data"] == str((a / "base.yaml").resolve())
     before = snapshot(run)
 
     other_model = cli(tmp_path, f"resume={last}", "model=yolox-tiny.yaml", "callbacks=")
@@ -175,8 +175,8 @@ def test_resume_uses_the_recorded_dataset_and_model_and_refuses_others(tmp_path,
     resumed = cli(tmp_path, f"resume={last}", "callbacks=", cwd=b)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     ckpt = load_checkpoint(last)
-    assert ckpt["epoch"] == 1 and ckpt["train_args"]["data"] == str((a / "base.yaml").resolve())
-    assert ckpt["data_fingerprint"]["train_images"] == 8
+    assert ckpt.epoch == 1 and ckpt.train_args["data"] == str((a / "base.yaml").resolve())
+    assert ckpt.data_fingerprint["train_images"] == 8
 
 
 @pytest.mark.parametrize("where, sig, code", [("on_val_start=cbpkg:signal_in_final_validation", "SIGTERM", 143),

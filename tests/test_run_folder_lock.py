@@ -57,7 +57,7 @@ def test_a_second_run_in_a_folder_in_use_is_refused_and_the_first_keeps_its_weig
         out, err = first.communicate(timeout=600)
     assert first.returncode == 0, out[-2000:] + err[-3000:]
     ckpt = load_checkpoint(tmp_path / "runs" / "job" / "weights" / "last.pt")
-    assert ckpt["train_args"]["seed"] == SMALL.get("seed", 0) and ckpt["epoch"] == 0  # the first run's, untouched
+    assert ckpt.train_args["seed"] == SMALL.get("seed", 0) and ckpt.epoch == 0  # the first run's, untouched
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["job"]
     after = cli(tmp_path, *settings)  # the folder is free again once the run ended
     assert after.returncode == 0, after.stderr[-3000:]

@@ -109,9 +109,9 @@ def test_switch_survives_resume(tiny, solid_yaml, caplog):
     model.train(**solid_args(tiny, solid_yaml, epochs=3, next_stage_start_epoch=1))
     last = tiny_run_dir(tiny) / "weights" / "last.pt"
     ckpt = load_checkpoint(last)
-    assert ckpt["epoch"] == 1
-    assert ckpt["callbacks"]["stage_switch"] == {"switched": True, "epoch": 1}
-    assert ckpt["use_l1"] is True
+    assert ckpt.epoch == 1
+    assert ckpt.callbacks["stage_switch"] == {"switched": True, "epoch": 1}
+    assert ckpt.use_l1 is True
 
     rec = Recorder()
     resumed = YOLO(str(last))
@@ -122,7 +122,7 @@ def test_switch_survives_resume(tiny, solid_yaml, caplog):
     assert all(rec.uniform[2]), "mosaic must stay off after resuming past the switch"
     assert rec.validate_every == {2: True}
     assert any("re-applied on resume at epoch 3/3" in r.getMessage() for r in caplog.records)
-    assert load_checkpoint(last)["callbacks"]["stage_switch"] == {"switched": True, "epoch": 1}
+    assert load_checkpoint(last).callbacks["stage_switch"] == {"switched": True, "epoch": 1}
 
 
 def tiny_run_dir(tiny):

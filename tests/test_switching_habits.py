@@ -37,7 +37,7 @@ def test_resume_true_resumes_the_checkpoint_named_as_the_model(tiny, tmp_path):
     model = YOLO(str(wanted / "weights" / "last.pt"))
     model.train(resume=True, project=tiny["project"])
     assert len(rows(wanted)) == 2 and len(rows(tmp_path / "runs" / "newer")) == 1
-    assert load_checkpoint(wanted / "weights" / "last.pt")["epoch"] == 1
+    assert load_checkpoint(wanted / "weights" / "last.pt").epoch == 1
     assert Path(model.source) == (wanted / "weights" / "best.pt").resolve()
 
 
@@ -87,7 +87,7 @@ def test_a_stop_flag_written_on_the_validator_in_training_names_trainer_stop(tin
     with pytest.raises(CallbackError, match=r"validator.stop_training is the stop flag of Keras / SuperGradients.*"
                                             r"validator.trainer.stop = True"):
         model.train(**{**tiny, "epochs": 3})
-    assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt")["epoch"] == 0
+    assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt").epoch == 0
 
 
 def test_a_foreign_stop_flag_in_training_stops_with_the_line_naming_trainer_stop(tiny):
@@ -95,7 +95,7 @@ def test_a_foreign_stop_flag_in_training_stops_with_the_line_naming_trainer_stop
     model.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop_training", True))
     with pytest.raises(CallbackError, match=r"trainer.stop_training is the stop flag of Keras / SuperGradients.*trainer.stop = True"):
         model.train(**{**tiny, "epochs": 3})
-    assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt")["epoch"] == 0
+    assert load_checkpoint(Path(tiny["project"]) / tiny["name"] / "weights" / "last.pt").epoch == 0
 
 
 class LightningStyle:

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.export.exporter import Exporter
 from yolo_cb.nn import YOLOCB, YOLOX, build_model
 from yolo_cb.nn.yolocb.assigner import TaskAlignedAssigner, pad_targets, pairwise_iou
@@ -205,8 +205,8 @@ def test_loss_is_finite_and_decreases_on_a_tiny_overfit():
 def test_build_model_round_trip_from_a_checkpoint(model, tmp_path):
     assert model.cfg == {"family": "yolocb", "depth": 0.33, "width": 0.25, "max_channels": 1024, "reg_max": 16, "act": "silu", "nc": NC}
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    path = save_checkpoint({"model": state, "ema": state, "model_cfg": dict(model.cfg), "names": {0: "a", 1: "b", 2: "c"},
-                            "epoch": 0, "version": "0", "date": "2026-01-01T00:00:00"}, tmp_path / "best.pt")
+    path = save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names={0: "a", 1: "b", 2: "c"},
+                                      epoch=0, version="0", date="2026-01-01T00:00:00"), tmp_path / "best.pt")
     ckpt = load_checkpoint(path)  # weights_only: the cfg is plain data
     rebuilt = model_from_checkpoint(ckpt)
     assert isinstance(rebuilt, YOLOCB) and rebuilt.name == "YOLOCB-n" and rebuilt.cfg == model.cfg
@@ -247,4 +247,4 @@ def test_trainer_reports_the_family_losses(tiny):
         header = next(csv.reader(f))
     assert {"train/box_loss", "train/cls_loss", "train/dfl_loss", "val/box_loss", "val/cls_loss", "val/dfl_loss"} <= {h.strip() for h in header}
     ckpt = load_checkpoint(yolo.trainer.wdir / "last.pt")
-    assert ckpt["model_cfg"]["family"] == "yolocb" and ckpt["use_l1"] is False
+    assert ckpt.model_cfg["family"] == "yolocb" and ckpt.use_l1 is False

@@ -29,9 +29,9 @@ def test_a_few_nonfinite_losses_are_skipped_with_a_warning(tiny, caplog):
     assert "metrics/mAP50-95(B)" in metrics
     assert sum("non-finite loss" in r.getMessage() for r in caplog.records) == 2
     final = load_checkpoint(model.trainer.wdir / "last.pt")
-    assert final["optimizer"] is None  # a finished run drops the optimizer
-    assert all(v.dtype == torch.float32 for v in final["model"].values() if v.is_floating_point())
-    assert all(torch.isfinite(v).all() for v in final["model"].values() if v.is_floating_point())
+    assert final.optimizer is None  # a finished run drops the optimizer
+    assert all(v.dtype == torch.float32 for v in final.model.values() if v.is_floating_point())
+    assert all(torch.isfinite(v).all() for v in final.model.values() if v.is_floating_point())
     assert len(list(model.trainer.wdir.glob("best_epoch*.pt"))) == 1  # save_topk=1 keeps one
 
 
@@ -64,7 +64,7 @@ def test_fine_tune_from_checkpoint_transfers_matching_weights(tiny, coco8_yaml, 
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("transferred"))
     moved, total = map(int, line.split()[1].split("/"))
     assert 0.9 * total < moved < total
-    assert load_checkpoint(tuned.trainer.wdir / "last.pt")["names"][79] == "toothbrush"
+    assert load_checkpoint(tuned.trainer.wdir / "last.pt").names[79] == "toothbrush"
 
 
 def test_val_of_a_model_config_asks_for_weights():

@@ -33,7 +33,7 @@ def test_frozen_tensors_are_bit_identical_after_training(tiny, tmp_path, caplog,
                                                                   frozen={id(p) for p in t.model.parameters() if not p.requires_grad}))
     model.train(**{**tiny, "model": model_yaml, "epochs": 1, "nbs": 8, "freeze": freeze, "save_initial": True})  # a step per batch
     run = tmp_path / "runs" / "exp"
-    before, after = load_checkpoint(weights(run) / "initial.pt")["model"], load_checkpoint(weights(run) / "last.pt")["model"]
+    before, after = load_checkpoint(weights(run) / "initial.pt").model, load_checkpoint(weights(run) / "last.pt").model
     frozen = [k for k in before if k.startswith(prefix)]
     assert any(k.endswith("running_mean") for k in frozen) and any(k.endswith(".weight") for k in frozen)
     for key in frozen:  # weights, biases and the BatchNorm running statistics
@@ -84,13 +84,13 @@ def test_monitor_and_mode_pick_best_pt(tiny, tmp_path):
     run = tmp_path / "runs" / "exp"
     assert len(values) == 3 and len(set(values)) > 1
     best_epoch = values.index(max(values))  # 0-based; the first of equal values (only a strict improvement counts)
-    assert load_checkpoint(weights(run) / "best.pt")["epoch"] == best_epoch
+    assert load_checkpoint(weights(run) / "best.pt").epoch == best_epoch
     with open(run / "results.csv") as f:
         assert [float(r[key]) for r in csv.DictReader(f)] == pytest.approx(values, rel=1e-5)
     ranked = sorted(range(3), key=lambda e: -values[e])  # stable: an earlier epoch first among equals
     assert sorted(p.name for p in weights(run).glob("best_epoch*.pt")) == sorted(f"best_epoch{e + 1}.pt" for e in ranked[:2])
     assert (weights(run) / "epoch2.pt").is_file() and not (weights(run) / "epoch1.pt").exists()  # save_epochs
-    assert load_checkpoint(weights(run) / "best.pt")["best_fitness"] == max(values)  # the monitored value, not fitness
+    assert load_checkpoint(weights(run) / "best.pt").best_fitness == max(values)  # the monitored value, not fitness
 
 
 def test_monitor_improvement_rules():

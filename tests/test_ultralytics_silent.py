@@ -190,7 +190,7 @@ def test_save_writes_a_checkpoint_yolo_loads_back(trained, tmp_path):
     image = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(again.model.eval()(image), model.model.eval()(image))
-    assert again.names == model.names and load_checkpoint(saved)["finished"] is True
+    assert again.names == model.names and load_checkpoint(saved).finished is True
     built = YOLO("yolocb-n.yaml")  # a model YAML: its random weights, 80 classes
     assert len(YOLO(str(built.save(tmp_path / "fresh.pt"))).names) == 80
     model.fuse()

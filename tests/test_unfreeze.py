@@ -27,7 +27,7 @@ def changed(a: dict, b: dict, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def weights(run: Path, name: str) -> dict:
-    return load_checkpoint(run / "weights" / name)["model"]
+    return load_checkpoint(run / "weights" / name).model
 
 
 class AppliedLR:
@@ -128,9 +128,9 @@ def test_each_frozen_module_ramps_from_its_own_unfreeze(runs):
 
 def test_a_resume_across_the_boundary_and_during_the_ramp_is_the_uninterrupted_run(runs):
     a, b = load_checkpoint(runs["straight"] / "weights" / "last.pt"), load_checkpoint(runs["split"] / "weights" / "last.pt")
-    assert b["epoch"] == a["epoch"] == EPOCHS - 1
-    for key in ("model", "ema"):
-        unequal = [k for k in a[key] if not torch.equal(a[key][k], b[key][k])]
+    assert b.epoch == a.epoch == EPOCHS - 1
+    for key, one, other in (("model", a.model, b.model), ("ema", a.ema, b.ema)):
+        unequal = [k for k in one if not torch.equal(one[k], other[k])]
         assert not unequal, (key, unequal[:5])
     straight = dict(runs["lr"]["straight"].steps)
     resumed = runs["lr"]["resumed"].steps  # epoch 2 only: the ramp's last two batches, then the schedule's LR

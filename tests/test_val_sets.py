@@ -111,5 +111,5 @@ def test_each_set_is_validated_and_logged(run):
 def test_best_pt_follows_the_monitored_set(run):
     losses = [float(r[MONITOR]) for r in rows(run)]
     best = load_checkpoint(run / "weights" / "best.pt")
-    assert best["epoch"] == losses.index(min(losses))
-    assert best["best_fitness"] == pytest.approx(min(losses), rel=1e-5)
+    assert best.epoch == losses.index(min(losses))
+    assert best.best_fitness == pytest.approx(min(losses), rel=1e-5)

@@ -55,7 +55,7 @@ DEFAULT_MODEL = _DefaultModel(paths.DEFAULT_MODEL)
 def checkpoint_defaults(source: str) -> dict[str, Any]:
     """data and imgsz from a checkpoint's saved settings, as val()'s defaults (never a place to write, such as datasets_dir).
     A file we did not write may hold any value: one the settings refuse (a crafted imgsz=32768) is dropped with one warning."""
-    saved, kept = load_checkpoint(source).get("train_args") or {}, {}
+    saved, kept = load_checkpoint(source).train_args or {}, {}
     for key in ("data", "imgsz"):
         if key in saved:
             try:

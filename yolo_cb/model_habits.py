@@ -56,7 +56,7 @@ class ModelHabits:
         weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         ckpt = Checkpoint(model=weights, model_cfg=dict(module.cfg), names={int(k): str(v) for k, v in module.names.items()},
                           finished=True, version=__version__, date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        return save_checkpoint(ckpt.to_dict(), Path(filename))
+        return save_checkpoint(ckpt, Path(filename))
 
     def _pytorch_module(self, what: str) -> nn.Module:
         module = self.model

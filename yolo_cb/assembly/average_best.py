@@ -13,12 +13,13 @@ trainer.metrics stay best.pt's either way.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.errors import ConfigError
 from yolo_cb.utils.log import LOGGER
 
@@ -36,15 +37,13 @@ def average_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
     return out
 
 
-def average_checkpoints(paths: list[Path]) -> dict:
-    """The first (best) checkpoint with its model and EMA weights replaced by the means over all of `paths`."""
+def average_checkpoints(paths: list[Path]) -> Checkpoint:
+    """The first (best) checkpoint with its model and EMA weights replaced by the means over all of `paths`, without
+    an optimizer; the averaged epochs (1-based) are recorded under the file's key `averaged_epochs`."""
     ckpts = [load_checkpoint(p) for p in paths]
-    out = dict(ckpts[0])
-    for key in ("model", "ema"):
-        if all(c.get(key) for c in ckpts):
-            out[key] = average_state([c[key] for c in ckpts])
-    out["optimizer"], out["averaged_epochs"] = None, [int(c["epoch"]) + 1 for c in ckpts]
-    return out
+    weights = {key: average_state([getattr(c, key) for c in ckpts]) for key in ("model", "ema") if all(getattr(c, key) for c in ckpts)}
+    epochs = [int(c.epoch) + 1 for c in ckpts]
+    return replace(ckpts[0], **weights, optimizer=None, extras={**ckpts[0].extras, "averaged_epochs": epochs})
 
 
 # it writes a model file a user may deploy: a failure must be seen
@@ -68,7 +67,7 @@ class AverageBest:
     def on_train_end(self, trainer):
         if not trainer.is_main or not trainer.args.save:
             return
-        files = sorted(trainer.wdir.glob("best_epoch*.pt"), key=lambda p: trainer.monitor.best_first(float(load_checkpoint(p)["monitor_value"])))
+        files = sorted(trainer.wdir.glob("best_epoch*.pt"), key=lambda p: trainer.monitor.best_first(float(load_checkpoint(p).monitor_value)))
         files = files[: self._k(trainer)]
         if len(files) < 2:
             LOGGER.info(f"average_best: {len(files)} best_epoch*.pt file(s) kept, nothing to average; best.pt is the model")
@@ -78,9 +77,9 @@ class AverageBest:
         metrics = dict(trainer.validator(model=model_from_checkpoint(averaged).to(trainer.device)))
         key = trainer.monitor.key if trainer.monitor.key in metrics and trainer.monitor.key in trainer.metrics else "fitness"
         mine, best = float(metrics[key]), float(trainer.metrics.get(key, float("nan")))
-        epochs = ", ".join(str(e) for e in averaged["averaged_epochs"])
+        epochs = ", ".join(str(e) for e in averaged.extras["averaged_epochs"])
         if trainer.monitor.improved(mine, best):
-            save_checkpoint({**averaged, "metrics": metrics}, target)
+            save_checkpoint(replace(averaged, metrics=metrics), target)
             LOGGER.info(f"average_best: kept {target} (epochs {epochs} averaged): {key} {mine:.5g} vs best.pt's {best:.5g} ({mine - best:+.5g})")
         else:
             target.unlink(missing_ok=True)

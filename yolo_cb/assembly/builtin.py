@@ -152,7 +152,7 @@ class Checkpoint:
 
     def on_train_start(self, trainer):
         if trainer.is_main and trainer.args.save and trainer.args.save_initial and trainer.start_epoch == 0:
-            save_checkpoint(trainer.checkpoint_dict(epoch=-1), trainer.wdir / "initial.pt")  # epoch -1: no epoch trained yet
+            save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict(epoch=-1)), trainer.wdir / "initial.pt")  # epoch -1: no epoch trained yet
 
     def on_model_save(self, trainer):
         if not trainer.is_main or not trainer.args.save:
@@ -170,7 +170,7 @@ class Checkpoint:
     def on_train_batch_end(self, trainer):
         """save_steps: a mid-epoch last.pt (atomic), from which a resume continues after this batch."""
         if trainer.save_step_due and trainer.is_main and trainer.args.save:
-            save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
+            save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict()), trainer.wdir / "last.pt")
 
     def _keep_topk(self, trainer, ckpt):
         k = trainer.args.save_topk
@@ -231,7 +231,7 @@ class EpochState:
         if self.saved is None:
             return
         if not same_state(trainer.callbacks.state_dict(), self.saved):
-            save_checkpoint(trainer.checkpoint_dict(), trainer.wdir / "last.pt")
+            save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict()), trainer.wdir / "last.pt")
         self.saved = None
 
 

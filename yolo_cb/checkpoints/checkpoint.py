@@ -4,8 +4,9 @@ Keys: model, ema (state_dicts), optimizer, epoch, best_fitness, train_args, mode
 callbacks (callback states), rng (torch / numpy / python states), metrics, version, date; and for a safe
 resume: save_dir (the run folder, absolute), best_epoch and last_is_best (which epoch best.pt holds, and
 whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names); and
-tensors_crc32, the checksum every load verifies; format_version (FORMAT_VERSION). The typed view of that dict is
-`Checkpoint` (to_dict / from_dict); read_checkpoint(path) returns one.
+tensors_crc32, the checksum every load verifies; format_version (FORMAT_VERSION). In memory a checkpoint is a
+`Checkpoint`: load_checkpoint(path) returns one, save_checkpoint writes one; the plain dict (to_dict / from_dict) exists
+only at the file's edge.
 """
 
 from __future__ import annotations
@@ -99,11 +100,6 @@ class Checkpoint:
         extras = {k: v for k, v in d.items() if k not in cls.KEYS and k != CHECKSUM_KEY}
         return cls(**known, extras=extras)
 
-    @classmethod
-    def of(cls, ckpt: Checkpoint | dict[str, Any], path: Any = None) -> Checkpoint:
-        """`ckpt` itself, or the typed view of a checkpoint dict (what load_checkpoint returns)."""
-        return ckpt if isinstance(ckpt, cls) else cls.from_dict(ckpt, path)
-
 
 Checkpoint.KEYS = tuple(f.name for f in fields(Checkpoint) if f.name != "extras")
 
@@ -140,7 +136,8 @@ def tensors_checksum(obj: Any) -> int:
 
 
 def serialize_checkpoint(ckpt: dict[str, Any]) -> bytes:
-    """The checkpoint as bytes (torch.save format), with its tensors' checksum, to write to one or several files."""
+    """A checkpoint's plain dict (Checkpoint.to_dict, or Trainer.checkpoint_dict) as bytes (torch.save format), with its
+    tensors' checksum, to write to one or several files."""
     buffer = io.BytesIO()
     torch.save({**ckpt, CHECKSUM_KEY: tensors_checksum(ckpt)}, buffer)
     return buffer.getvalue()
@@ -154,9 +151,9 @@ def verify_checksum(ckpt: dict[str, Any], path: Path) -> None:
                               f"(a damaged disk, copy or download); use another copy, e.g. best.pt, or an earlier checkpoint")
 
 
-def save_checkpoint(ckpt: dict[str, Any] | bytes, path: Path) -> Path:
-    """Write a checkpoint (a dict, or bytes from serialize_checkpoint) atomically: temp file, fsync, os.replace."""
-    atomic_write_bytes(Path(path), ckpt if isinstance(ckpt, bytes) else serialize_checkpoint(ckpt))
+def save_checkpoint(ckpt: Checkpoint | bytes, path: Path) -> Path:
+    """Write a checkpoint (or bytes from serialize_checkpoint) atomically: temp file, fsync, os.replace."""
+    atomic_write_bytes(Path(path), ckpt if isinstance(ckpt, bytes) else serialize_checkpoint(ckpt.to_dict()))
     return Path(path)
 
 
@@ -174,8 +171,10 @@ def _check_torch_file(path: Path) -> None:
                               f"yolo-cb train; name a .pt from a run's weights/ folder, or a model YAML to build a fresh model")
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a yolo-cb checkpoint safely; anything that needs arbitrary unpickling is refused, never run."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a yolo-cb checkpoint safely, typed; anything that needs arbitrary unpickling is refused, never run. The file's
+    checksum and format_version are verified, a Megvii YOLOX file is converted, and module names of older versions are
+    read as today's."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint '{path}' does not exist")
@@ -194,27 +193,23 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"cannot read checkpoint '{path}' (truncated, or not a torch file?): {str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
     if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt) or "model_cfg" not in ckpt:
         if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
-            return megvii.convert(ckpt, path)
+            return Checkpoint.from_dict(megvii.convert(ckpt, path), path)
         raise CheckpointError(f"'{path}' {megvii.describe_format_mismatch(ckpt)}. To build a fresh model, name a model YAML (.yaml, e.g. yolox-nano.yaml)")
     check_fields(ckpt, path)  # each field's form: a crafted or damaged file is one line, not a traceback deep in a load
     verify_checksum(ckpt, path)
     check_format_version(ckpt, path)
-    return detectors.with_current_names(ckpt)  # module names of older versions (YOLOCB's backbone.*) read as today's
+    # module names of older versions (YOLOCB's backbone.*) read as today's
+    return Checkpoint.from_dict(detectors.with_current_names(ckpt), path)
 
 
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """load_checkpoint (every check it makes), typed."""
-    return Checkpoint.from_dict(load_checkpoint(path, map_location), path)
-
-
-def model_from_checkpoint(ckpt: dict[str, Any] | str | Path, verbose: bool = False):
-    """Build the YOLOX model a checkpoint describes and load its EMA weights (or raw weights)."""
-    where = "the checkpoint" if isinstance(ckpt, dict) else f"checkpoint '{ckpt}'"
-    if not isinstance(ckpt, dict):
+def model_from_checkpoint(ckpt: Checkpoint | str | Path, verbose: bool = False):
+    """Build the YOLOX model a checkpoint (or the file at a path) describes and load its EMA weights (or raw weights)."""
+    where = "the checkpoint" if isinstance(ckpt, Checkpoint) else f"checkpoint '{ckpt}'"
+    if not isinstance(ckpt, Checkpoint):
         ckpt = load_checkpoint(ckpt)
-    names = {int(k): v for k, v in ckpt["names"].items()}
-    model = detectors.build_model(ckpt["model_cfg"], nc=len(names), verbose=verbose)
-    state = ckpt.get("ema") or ckpt["model"]
+    names = {int(k): v for k, v in ckpt.names.items()}
+    model = detectors.build_model(ckpt.model_cfg, nc=len(names), verbose=verbose)
+    state = ckpt.ema or ckpt.model
     load_weights_strictly(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, where)
     model.names = names
     return model.float().eval()
@@ -227,10 +222,10 @@ def restore_best_weights(trainer) -> bool:
         return False
     ckpt = load_checkpoint(best)
     model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
-    load_weights_strictly(model, ckpt["model"], f"checkpoint '{best}'")
-    if trainer.ema is not None and ckpt.get("ema"):
-        load_weights_strictly(trainer.ema.ema, ckpt["ema"], f"checkpoint '{best}'")
-    LOGGER.info(f"restore_best: the model holds best.pt's weights (epoch {int(ckpt['epoch']) + 1}), not those of the last epoch")
+    load_weights_strictly(model, ckpt.model, f"checkpoint '{best}'")
+    if trainer.ema is not None and ckpt.ema:
+        load_weights_strictly(trainer.ema.ema, ckpt.ema, f"checkpoint '{best}'")
+    LOGGER.info(f"restore_best: the model holds best.pt's weights (epoch {int(ckpt.epoch) + 1}), not those of the last epoch")
     return True
 
 
@@ -273,16 +268,16 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def strip_optimizer(path: Path, finished: bool = False, copies: tuple[Path, ...] = ()) -> dict[str, Any]:
+def strip_optimizer(path: Path, finished: bool = False, copies: tuple[Path, ...] = ()) -> Checkpoint:
     """Drop the optimizer (and scaler) state from a finished checkpoint; weights stay fp32. `finished` marks the run as ended.
     `copies`: files holding the same bytes as `path` (best.pt when the last epoch was the best), written from the same
     serialization. Returns the stripped checkpoint."""
     ckpt = load_checkpoint(path)
-    ckpt["optimizer"] = None
-    ckpt["scaler"] = None
+    ckpt.optimizer = None
+    ckpt.scaler = None
     if finished:
-        ckpt["finished"] = True
-    data = serialize_checkpoint(ckpt)
+        ckpt.finished = True
+    data = serialize_checkpoint(ckpt.to_dict())
     for file in (path, *copies):
         save_checkpoint(data, file)
     return ckpt

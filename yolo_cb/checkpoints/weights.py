@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.checkpoints import megvii
-from yolo_cb.checkpoints.checkpoint import save_checkpoint
+from yolo_cb.checkpoints.checkpoint import save_checkpoint, serialize_checkpoint
 from yolo_cb.data.download import _fetch
 from yolo_cb.errors import CheckpointError
 from yolo_cb.utils.files import atomic_write_bytes, write_error
@@ -201,7 +201,7 @@ def fetch_official(variant: str, folder: Path) -> Path:
     if recorded is None:
         atomic_write_bytes(record, f"{digest}  {spec.file}\n".encode())
     ckpt["source"].update({"sha256": digest, "url": spec.url, "file": str(raw)})
-    save_checkpoint(ckpt, converted)
+    save_checkpoint(serialize_checkpoint(ckpt), converted)  # the converted dict as it is (megvii.convert)
     LOGGER.info(f"converted {raw} to {converted} ({variant}, 80 COCO classes, input RGB in [0, 1])")
     return converted
 

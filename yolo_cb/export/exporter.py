@@ -161,7 +161,7 @@ class Exporter:
             if weights.suffix.lower() not in (".pt", ".pth"):
                 raise ValueError(f"export needs a .pt checkpoint or a model, got '{model}'")
             ckpt = load_checkpoint(weights)
-            train_args = ckpt.get("train_args") or {}
+            train_args = ckpt.train_args or {}
             module = model_from_checkpoint(ckpt)
         module = module.float().eval()
         for p in module.parameters():

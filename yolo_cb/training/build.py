@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_cb.checkpoints.checkpoint import Checkpoint, read_checkpoint
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.config import Config, load_defaults
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
@@ -85,15 +85,15 @@ def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict,
     source = resolve_weights(model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
     init_ckpt = None
     if resume_ckpt is not None:
-        cfg = Checkpoint.of(resume_ckpt, args.resume).model_cfg
+        cfg = resume_ckpt.model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
-        init_ckpt = read_checkpoint(source)
+        init_ckpt = load_checkpoint(source)
         cfg = init_ckpt.model_cfg
     else:
         cfg = source
     model = build(cfg, nc=int(data["nc"]), verbose=verbose, imgsz=args.imgsz)
     if args.pretrained and not isinstance(args.pretrained, bool):
-        init_ckpt = read_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+        init_ckpt = load_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
     model.names = dict(data["names"])
@@ -109,11 +109,10 @@ def build_criterion(args: Config, model: torch.nn.Module) -> tuple[Any, tuple[st
     return criterion, tuple(f"{name}_loss" for name in criterion.loss_names)
 
 
-def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> int:
+def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint) -> int:
     """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
     YOLOX's prior bias). Returns the number of tensors transferred."""
 
-    ckpt = Checkpoint.of(ckpt)
     source = ckpt.ema or ckpt.model
     own = model.state_dict()
     matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}

@@ -8,7 +8,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from yolo_cb.checkpoints.checkpoint import Checkpoint, model_from_checkpoint, rng_states, save_checkpoint, strip_optimizer
+from yolo_cb.checkpoints.checkpoint import (
+    Checkpoint,
+    model_from_checkpoint,
+    rng_states,
+    save_checkpoint,
+    serialize_checkpoint,
+    strip_optimizer,
+)
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.training import resume, resume_state
@@ -96,13 +103,13 @@ class Checkpointer:
         batches = p.batches_done if agreed and p.completed_epoch < p.epoch else 0
         last = trainer.wdir / "last.pt"
         try:
-            save_checkpoint(trainer.checkpoint_dict(epoch=p.completed_epoch, batches_done=batches), last)
+            save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict(epoch=p.completed_epoch, batches_done=batches)), last)
             LOGGER.info(f"saved {last} (resume with: yolo-cb train resume={last})")
         except Exception as error:  # the original error matters more than this one
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
 
     @staticmethod
-    def strip_finished(last: Path, best: Path) -> dict | None:
+    def strip_finished(last: Path, best: Path) -> Checkpoint | None:
         """Strip the optimizer from last.pt and best.pt (those that exist), marked finished; best.pt's stripped checkpoint.
         When they hold the same bytes (the last epoch was the best) one load and one serialization write both."""
         same = last.is_file() and best.is_file() and last.read_bytes() == best.read_bytes()

@@ -52,14 +52,9 @@ class ResumePlan(NamedTuple):
     """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and whether its run ended."""
 
     args: Config
-    ckpt: dict
+    ckpt: Checkpoint
     path: Path
     finished: bool
-
-
-def is_finished(ckpt: Checkpoint | dict[str, Any]) -> bool:
-    """Whether a checkpoint comes from a run that ended (all its epochs, or early stopping); older files: stripped."""
-    return bool(Checkpoint.of(ckpt).finished)
 
 
 def _not_set(value: Any) -> bool:
@@ -80,7 +75,7 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
     if _not_set(overrides.get("resume")):
         return overrides, None
     args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
-    return overrides, ResumePlan(args, ckpt, path, is_finished(ckpt) and not extends_finished_run(ckpt, args, overrides))
+    return overrides, ResumePlan(args, ckpt, path, ckpt.finished and not extends_finished_run(ckpt, args, overrides))
 
 
 def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
@@ -130,7 +125,7 @@ def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[d
         get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
         raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
                           f"Use another name= for a new run, or the settings it was started with") from None
-    if not is_finished(prepared[1]):
+    if not prepared[1].finished:
         say(f"resume=auto: continuing the run in {folder} from {last}")
     return {**overrides, "resume": str(last)}, prepared
 
@@ -142,8 +137,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
     nothing will be trained (the caller says so)."""
     path = checkpoint_to_resume(overrides["resume"], model, overrides.get("project"))
-    ckpt = load_checkpoint(path)
-    record = Checkpoint.from_dict(ckpt, path)
+    record = load_checkpoint(path)
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
     finished = record.finished and not extends_finished_run(record, None, overrides)
@@ -153,7 +147,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     if "epochs" in overrides:
         check_resume_epochs(record, requested, path)
     if finished:
-        return requested, ckpt, path
+        return requested, record, path
     if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
         requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)
     changed = sorted(k for k in overrides if k not in RESUME_MUTABLE and k in saved and getattr(requested, k) != saved[k])
@@ -163,15 +157,14 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     check_resume_model(model, record, path)
     check_resume_data(requested, record, path)
     requested.exist_ok = True
-    return requested, ckpt, path
+    return requested, record, path
 
 
 # --- another length: epochs= on resume ----------------------------------------------------------------------------------
-def extends_finished_run(ckpt: Checkpoint | dict, args: Config | None, overrides: dict[str, Any]) -> bool:
+def extends_finished_run(ckpt: Checkpoint, args: Config | None, overrides: dict[str, Any]) -> bool:
     """Whether resume= of a finished run trains further: epochs= given and more than the epochs it trained."""
     if "epochs" not in overrides:
         return False
-    ckpt = Checkpoint.of(ckpt)
     epochs = args.epochs if args is not None else coerce("epochs", overrides["epochs"])
     return int(epochs) > int(ckpt.epoch) + 1
 
@@ -197,7 +190,7 @@ def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
     train and nothing written; says how to train further. Returns (its saved metrics, the weights to use from now on:
     best.pt, else the checkpoint)."""
 
-    args, ckpt, path = resumed.args, Checkpoint.of(resumed.ckpt, resumed.path), resumed.path
+    args, ckpt, path = resumed.args, resumed.ckpt, resumed.path
     done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
     how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
     best = path.parent / "best.pt"
@@ -269,12 +262,11 @@ def _same_data_yaml(a: Any, b: Any) -> bool:
         return False
 
 
-def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -> None:
+def check_resume_model(model: str | None, ckpt: Checkpoint, path: Path) -> None:
     """Refuse a model= on resume that is not the checkpoint's: the same architecture YAML, the checkpoint itself, or the
     weights the run started from are fine; anything else would be silently ignored, so it is an error."""
     if model is None:
         return
-    ckpt = Checkpoint.of(ckpt, path)
     recorded = (ckpt.train_args or {}).get("model")
     was = recorded or f"the architecture {ckpt.model_cfg}"
     refuse = ResumeError(f"cannot change model={model} (was {was}) when resuming {path}: resume continues the checkpoint's own "
@@ -292,7 +284,7 @@ def check_resume_model(model: str | None, ckpt: Checkpoint | dict, path: Path) -
         raise refuse
 
 
-def check_resume_data(args, ckpt: Checkpoint | dict, path: Path) -> None:
+def check_resume_data(args, ckpt: Checkpoint, path: Path) -> None:
     """Refuse to resume on a dataset other than the checkpoint's (its data YAML, image counts and names), naming both."""
 
     check_same_dataset(ckpt, check_data(args.data or "shapes.yaml", args.datasets_dir), path)
@@ -322,10 +314,9 @@ def describe_dataset(fingerprint: dict[str, Any]) -> str:
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 
-def check_same_dataset(ckpt: Checkpoint | dict[str, Any], data: dict[str, Any], path: Any) -> None:
+def check_same_dataset(ckpt: Checkpoint, data: dict[str, Any], path: Any) -> None:
     """Refuse (ResumeError) to resume `ckpt` on a dataset (`data`, check_data's dict) other than the one it was trained
     on, naming both; the images are counted as the checkpoint's fingerprint counted them (its version)."""
-    ckpt = Checkpoint.of(ckpt, path)
     old = ckpt.data_fingerprint
     fingerprint = dataset_fingerprint(data, int(old.get("version", 1)) if old is not None else FINGERPRINT_VERSION)
     if old is None:  # an older checkpoint: only its class names are known
@@ -342,12 +333,12 @@ def check_same_dataset(ckpt: Checkpoint | dict[str, Any], data: dict[str, Any], 
 
 
 # --- which folder -----------------------------------------------------------------------------------------------------
-def run_folder(args: Config, ckpt: Checkpoint | dict) -> Path:
+def run_folder(args: Config, ckpt: Checkpoint) -> Path:
     """The run folder to resume into: the checkpoint's own when it lies in <that folder>/weights/ and the user named no
     other (project=/name=), else a new one from the user's project=/name= or the default layout. Never a folder the
     checkpoint names: its save_dir only tells whether the file still lies in its own run folder."""
     path = Path(str(args.resume)).expanduser().resolve()
-    recorded, own = Checkpoint.of(ckpt, path).save_dir, path.parent.parent
+    recorded, own = ckpt.save_dir, path.parent.parent
     at_home = bool(recorded) and path.parent == Path(str(recorded)).resolve() / "weights"
     named = (Path(args.project) if args.project else default_project(args)) / (args.name or own.name)
     if at_home and (not (args.project or args.name) or named.resolve() == own):

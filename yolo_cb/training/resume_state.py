@@ -31,11 +31,10 @@ class MidEpoch(NamedTuple):
     grads: dict | None
 
 
-def resume_position(ckpt: Checkpoint | dict | None) -> str | None:
+def resume_position(ckpt: Checkpoint | None) -> str | None:
     """Where a checkpoint resumes ("epoch 3, batch 40, step 1234"), to compare ranks' checkpoints; None for a fresh run."""
     if ckpt is None:
         return None
-    ckpt = Checkpoint.of(ckpt)
     return f"epoch {int(ckpt.epoch) + 2}, batch {int(ckpt.epoch_batches or 0)}, step {int(ckpt.optimizer_steps)}, {ckpt.date}"
 
 
@@ -55,10 +54,9 @@ def agree_on_checkpoint(trainer) -> None:
         trainer.resume_ckpt = received
 
 
-def restore_best(ckpt: Checkpoint | dict, resumed: str | Path, best: Path) -> None:
+def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
     """Make best.pt hold the epoch the checkpoint (at `resumed`) says: a kill between the last.pt and best.pt writes leaves
     it missing or one improvement behind, and best.pt would otherwise only come back after a strictly better epoch."""
-    ckpt = Checkpoint.of(ckpt, resumed)
     want = ckpt.best_epoch
     if want is None:
         return  # an older checkpoint: it does not say which epoch best.pt holds
@@ -79,10 +77,9 @@ def restore_best(ckpt: Checkpoint | dict, resumed: str | Path, best: Path) -> No
                        f"it is written again when fitness improves")
 
 
-def load_state(trainer, ckpt: Checkpoint | dict) -> None:
+def load_state(trainer, ckpt: Checkpoint) -> None:
     """Restore the built trainer from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, callback states, RNG;
     refuses (ResumeError) a dataset other than the checkpoint's."""
-    ckpt = Checkpoint.of(ckpt, trainer.args.resume)
     load_weights_strictly(unwrap(trainer.model), ckpt.model, f"checkpoint '{trainer.args.resume}'")
     if ckpt.optimizer:
         trainer.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, trainer.optimizer, unwrap(trainer.model)))
@@ -123,10 +120,9 @@ def load_state(trainer, ckpt: Checkpoint | dict) -> None:
         LOGGER.info(f"resuming from epoch {trainer.start_epoch + 1} of {trainer.epochs}")
 
 
-def resume_batches(ckpt: Checkpoint | dict, num_batches: int, world_size: int, batch: int) -> int:
+def resume_batches(ckpt: Checkpoint, num_batches: int, world_size: int, batch: int) -> int:
     """Batches of the resumed epoch already trained. Saved with another number of ranks or batch size, the epoch
     continues after about as many images (the shards differ, so not exactly the same images)."""
-    ckpt = Checkpoint.of(ckpt)
     done = int(ckpt.epoch_batches or 0)
     old_world, old_batch = int(ckpt.world_size or 1), int((ckpt.train_args or {}).get("batch") or batch)
     if not done or (old_world, old_batch) == (world_size, batch):
@@ -138,10 +134,9 @@ def resume_batches(ckpt: Checkpoint | dict, num_batches: int, world_size: int, b
     return batches
 
 
-def restore_rng(ckpt: Checkpoint | dict, world_size: int, rank: int) -> None:
+def restore_rng(ckpt: Checkpoint, world_size: int, rank: int) -> None:
     """Single process: the checkpoint's RNG states. DDP: each rank its own (rank 0 gathered them); with another number of
     ranks than saved, the ranks keep their fresh seeds (seed + rank): the run continues, not bit-exactly."""
-    ckpt = Checkpoint.of(ckpt)
     per_rank = ckpt.rank_rng
     if world_size == 1 and ckpt.rng:
         set_rng_states(ckpt.rng)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from yolo_cb.callbacks.dispatch import Callbacks
-from yolo_cb.checkpoints.checkpoint import restore_best_weights
+from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
@@ -71,7 +71,7 @@ class Trainer:
         self.output = EpochOutput()  # the epoch's record and the image files written in it: training/epoch_record.py
         self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
         self.early_stop = EarlyStop(args.patience)  # patience: asked after every epoch, before the checkpoint
-        self.resume_ckpt: dict | None = None
+        self.resume_ckpt: Checkpoint | None = None  # the checkpoint a resume continues (load_checkpoint's)
         self.exception: BaseException | None = None
         self.restore_best = bool(args.restore_best)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from yolo_cb.checkpoints.checkpoint import checkpoint_epoch, load_checkpoint
 from yolo_cb.errors import ConfigError
-from yolo_cb.training.resume import RESUME_MUTABLE, is_finished
+from yolo_cb.training.resume import RESUME_MUTABLE
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.yaml_safe import load_yaml
 
@@ -149,7 +149,7 @@ def finished_metrics(last: Path) -> dict | None:
     """For a last.pt whose run had ended (killed in its final validation): best.pt's saved metrics (last.pt's without one),
     what that final validation reports; None when the run has epochs left to train."""
     ckpt = load_checkpoint(last)
-    if not is_finished(ckpt):
+    if not ckpt.finished:
         return None
     best = last.parent / "best.pt"
-    return dict((load_checkpoint(best) if best.is_file() else ckpt).get("metrics") or {})
+    return dict((load_checkpoint(best) if best.is_file() else ckpt).metrics or {})

@@ -30,7 +30,6 @@ from typing import Any
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.errors import ConfigError
 from yolo_cb.integrations.mlflow import local_store, quiet_mlflow
-from yolo_cb.training.resume import is_finished
 from yolo_cb.tune import report
 from yolo_cb.tune.pruning import MONITOR
 from yolo_cb.tune.space import Param
@@ -274,6 +273,6 @@ def finished(folder: Path) -> bool:
     """Whether the trial's training ended by itself (its last.pt says so), rather than being stopped by the scheduler."""
     last = folder / "weights" / "last.pt"
     try:
-        return last.is_file() and is_finished(load_checkpoint(last))
+        return last.is_file() and load_checkpoint(last).finished
     except Exception:  # an unreadable last.pt: the run did not end cleanly
         return False
