@@ -47,7 +47,8 @@ class YOLODataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, img_path, imgsz, names, augment, hyp, rect=False, batch_size=16, stride=32,
-                 cache=False, fraction=1.0, prefix="train: ", write_caches=True):
+                 cache=False, fraction=1.0, prefix="train: ", write_caches=True, datasets_dir=None):
+        """datasets_dir: caches of data outside it go to yolo-cb's own cache folder (npy_cache.cache_place); None: beside."""
         super().__init__()
         self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
@@ -61,7 +62,8 @@ class YOLODataset(torch.utils.data.Dataset):
         if not im_files:
             raise FileNotFoundError(f"{prefix}no images found in {img_path}")
         self.write_caches = bool(write_caches)  # False on DDP ranks > 0: they read the caches rank 0 wrote
-        self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches)
+        self.datasets_dir = datasets_dir
+        self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches, datasets_dir=datasets_dir)
         if not self.labels:
             raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
         if self.rect:
@@ -101,7 +103,7 @@ class YOLODataset(torch.utils.data.Dataset):
     def _read(self, i: int) -> np.ndarray:
         f = self.labels[i]["im_file"]
         if self.cache_mode == "disk":
-            img = load_npy(npy_path(f), self.labels[i]["shape"])  # a torn or stale cache file: read the image instead
+            img = load_npy(npy_path(f, self.datasets_dir), self.labels[i]["shape"])  # a torn or stale cache file: read the image instead
             if img is not None:
                 return img
         return self._read_file(f)
@@ -158,7 +160,7 @@ class YOLODataset(torch.utils.data.Dataset):
 
         A write that fails (a full disk) leaves no .npy, warns once, and the image is read from its file."""
         im_file, shape = self.labels[i]["im_file"], self.labels[i]["shape"]
-        npy = npy_path(im_file)
+        npy = npy_path(im_file, self.datasets_dir)
         if npy_valid(npy, im_file, shape):
             return npy.stat().st_size
         if not self.write_caches or self._disk_cache_failed:  # another rank writes the .npy files, or the disk is full

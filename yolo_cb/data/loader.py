@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from yolo_cb.data.dataset import YOLODataset
+from yolo_cb.data.resolve import resolve_datasets_dir
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -159,4 +160,5 @@ def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: 
         fraction=float(args.fraction) if train else 1.0,
         prefix=f"{mode}: ",
         write_caches=write_caches,
+        datasets_dir=resolve_datasets_dir(getattr(args, "datasets_dir", None)),
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.data.npy_cache import cache_home, cache_place
 from yolo_cb.utils.files import atomic_write_text
 
 LOGGER = logging.getLogger("yolo_cb")
@@ -322,6 +323,8 @@ def warn_unwritable(folder: Path, what: str, reason: str = "read-only") -> None:
 
 def write_cache(path: Path, file_hash: str, entries: list[dict]) -> None:
     """Write the cache atomically; an unwritable or read-only folder is warned about once and skipped."""
+    if path.parent.parent == cache_home():
+        path.parent.mkdir(parents=True, exist_ok=True)  # our own cache folder, the first time
     if not folder_is_writable(path.parent):
         return warn_unwritable(path.parent, "label cache")
     try:
@@ -353,16 +356,18 @@ def warn_shared_labels(im_files: list[str], lb_files: list[str], prefix: str = "
                        f"each of them gets its boxes: rename the images so that each has its own label file")
 
 
-def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True, save_cache: bool = True) -> tuple[list[dict], dict]:
+def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = True, save_cache: bool = True,
+                datasets_dir: Path | None = None) -> tuple[list[dict], dict]:
     """Verified label records for ``im_files`` (cached), and a report.
 
     Records: ``im_file``, ``shape`` (h, w), ``cls`` (n,) int64, ``bboxes`` (n, 4) float32 normalised
     ``cx cy w h``. The report has the counts, ``from_cache`` and ``cache_file``. Logs one summary
-    line and one warning naming each skipped or fixed file.
+    line and one warning naming each skipped or fixed file. ``datasets_dir``: the cache of labels outside it goes to
+    yolo-cb's own cache folder (npy_cache.cache_place); None: beside the labels.
     """
     lb_files = [img2label_path(f) for f in im_files]
     warn_shared_labels(im_files, lb_files, prefix)
-    path = cache_path_for(lb_files) if lb_files else None
+    path = cache_place(cache_path_for(lb_files), datasets_dir) if lb_files else None
     file_hash = files_hash(im_files, lb_files, nc)
     entries = read_cache(path, file_hash, im_files) if (cache and path) else None
     from_cache = entries is not None

@@ -21,7 +21,7 @@ from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
-from yolo_cb.data.resolve import check_data, missing_split_error
+from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.evaluation import coco_json, per_class
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
@@ -175,7 +175,8 @@ class Validator:
             if backend.imgsz:  # a static export: square (non-rect) letterbox at its fixed size, its fixed batch
                 h, w = backend.imgsz
                 dataset = YOLODataset(paths, imgsz=max(h, w), names=self.names, augment=False, hyp=args, rect=False,
-                                      batch_size=batch, stride=backend.stride, cache=args.cache, prefix=f"{split}: ")
+                                      batch_size=batch, stride=backend.stride, cache=args.cache, prefix=f"{split}: ",
+                                      datasets_dir=resolve_datasets_dir(args.datasets_dir))
                 if h != w:
                     dataset.transforms = [LetterBox((h, w), scaleup=False)]
             else:
