@@ -188,7 +188,7 @@ def data_command(argv: list[str]) -> None:
     missing = [k for k in needed if not values.get(k)]
     if missing:
         example = "yolo-cb convert source=annotations.json format=coco out=mydata" if command == "convert" else "yolo-cb data check data=mydata.yaml"
-        raise UsageError(f"{command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
+        raise UsageError(f"{'data check' if command == 'data' else command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
     setup_logging()
     if command == "convert":
         from yolo_cb.data.convert import convert
