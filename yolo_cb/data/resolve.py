@@ -181,6 +181,8 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None) -> dict
     cfg, names = _read_dataset_yaml(yaml_file)
     ddir = resolve_datasets_dir(datasets_dir)
     places = _candidate_roots(cfg, yaml_file, ddir)
+    if names is None and not _names_in_source(cfg, places, yaml_file):
+        raise names_missing(yaml_file)
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
     if root is None:
@@ -213,8 +215,19 @@ def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int
         if found:
             LOGGER.info(f"{yaml_file.name}: no names given; the classes of {listed} are {found}")
             return dict(enumerate(found)), None
-    raise DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]' "
-                             f"(only a COCO JSON or a VOC train split gives the names itself)")
+    raise names_missing(yaml_file)
+
+
+def names_missing(yaml_file: Path) -> DatasetConfigError:
+    return DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]' "
+                              f"(only a COCO JSON or a VOC train split gives the names itself)")
+
+
+def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
+    """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
+    from yolo_cb.data.formats.cache import source_kind
+
+    return any(source_kind(p) for root, _ in places for p in _split_paths(cfg.get("train"), root, "train", yaml_file) or [])
 
 
 def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
