@@ -116,7 +116,8 @@ def test_data_check_reports_each_planted_problem(tmp_path, coco, voc):
     for planted in ("1 iscrowd boxes skipped", "1 boxes clipped to the image", "1 boxes without area dropped",
                     "1 boxes wholly outside the image dropped", "1 tiny box(es)", "train_000.jpg: class 3 box 1.0x1.0 px",
                     "1 image(s) are in more than one split (same content): train:train_000.jpg = val:val_006.jpg",
-                    "val: class(es) with boxes here and none in train: star (1)", "image(s) without boxes (kept as backgrounds)"):
+                    "val: class(es) with boxes here and none in train: star (1)", "image(s) without boxes (kept as backgrounds)",
+                    "train_002.png: named train_002_2.png (as train_002.png it would share its label file train_002.txt"):
         assert planted in out, (planted, out)
     assert out.rstrip().endswith("warning(s); no errors")
     (tmp_path / "voc.yaml").write_text(f"path: {voc['folder']}\ntrain: .\nval: .\nnames: {NAMES}\n")
@@ -256,3 +257,21 @@ def test_convert_refuses_a_folder_with_content_and_unknown_keys(tmp_path):
     assert proc.returncode == 2 and "Did you mean 'format'" in proc.stderr
     proc = cli("data", "check", cwd=tmp_path)
     assert proc.returncode == 2 and "data check needs data=" in proc.stderr
+
+
+def test_coco_categories_follow_the_yaml_names_by_name(tmp_path, coco):
+    """names: given in another order: each category goes to the class of its name; a category not in names is refused."""
+    from yolo_cb.data.resolve import check_data
+    from yolo_cb.errors import DataError
+
+    order = ["star", "cross", "triangle", "rectangle", "circle"]
+    (tmp_path / "d.yaml").write_text(f"path: {coco['folder']}\ntrain: instances_train.json\nval: val/val.json\nnames: {order}\n")
+    data = check_data(tmp_path / "d.yaml", tmp_path / "dd")
+    assert "category_ids" not in data  # the YAML's classes: predictions.json writes 0..n-1 as for any YAML
+    got = by_stem(converted_labels(tmp_path / "dd", data["val"]))
+    want = {stem: [[order.index(NAMES[int(r[0])]), *r[1:]] for r in rows] for stem, rows in coco["expected"]["val"].items()}
+    assert_same_rows(got, want)
+    (tmp_path / "e.yaml").write_text(f"path: {coco['folder']}\ntrain: instances_train.json\nval: val/val.json\nnames: [circle, cross]\n")
+    with pytest.raises(DataError, match=r"instances_train\.json: categories: class 'rectangle' is not in names \(circle, cross\)"):
+        check_data(tmp_path / "e.yaml", tmp_path / "dd")
+    assert not (tmp_path / "dd" / "converted").exists() or len(list((tmp_path / "dd" / "converted").iterdir())) == 2

@@ -5,7 +5,8 @@ skipped (unreadable, a bad label file), and boxes per class. Warned about, each 
 
 - images without boxes (backgrounds) and images skipped;
 - boxes outside the image (clipped or dropped, by the label check or by the COCO/VOC conversion), boxes without
-  area, and what a COCO/VOC conversion skipped (iscrowd, difficult, missing image files);
+  area, and what a COCO/VOC conversion skipped or renamed (iscrowd, difficult, missing image files, a file name that
+  would share a label file);
 - tiny boxes: a side under ``TINY_PX`` pixels of the original image;
 - the same image (same bytes, by SHA-1) in two splits, or twice in one;
 - a class with boxes in a validation or test split and none in train; a class without any box in train.
@@ -43,6 +44,7 @@ class SplitReport:
     outside: list[str] = field(default_factory=list)  # "file: note" of each label file the check fixed
     per_class: Counter = field(default_factory=Counter)
     conversion: dict = field(default_factory=dict)
+    conversion_notes: list[str] = field(default_factory=list)  # a renamed duplicate file name, a missing image file
     hashes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
 
@@ -71,6 +73,7 @@ def check_split(name: str, paths, nc: int) -> SplitReport:
         record = conversion_record(path)
         if record:
             report.conversion = Counter(report.conversion) + Counter(record.get("counts", {}))
+            report.conversion_notes += [str(n) for n in record.get("notes", [])]
     im_files = list_image_files(paths, f"{name}: ")
     entries = verify_all(im_files, [img2label_path(f) for f in im_files], nc, f"{name}: ")
     for entry in entries:
@@ -124,7 +127,9 @@ def warnings(reports: list[SplitReport], names: dict[int, str]) -> list[str]:
             from yolo_cb.data.formats.common import COUNT_WORDS
 
             said = ", ".join(f"{n} {COUNT_WORDS.get(k, k)}" for k, n in r.conversion.items() if n)
-            out.append(f"{r.name}: the COCO/VOC conversion: {said}")
+            if said:
+                out.append(f"{r.name}: the COCO/VOC conversion: {said}")
+        out += [f"{r.name}: the COCO/VOC conversion: {note}" for note in r.conversion_notes]
     out += _duplicates(reports)
     out += class_warnings({r.name: r.per_class for r in reports}, names)
     return out
