@@ -167,6 +167,8 @@ BAD_COCO = {
     "bbox of text": (_coco_doc(annotations=[{"id": 7, "image_id": 1, "category_id": 3, "bbox": "1 2 3 4"}]), "bbox must be 4 numbers"),
     "unknown category": (_coco_doc(annotations=[{"id": 7, "image_id": 1, "category_id": 4, "bbox": [1, 2, 3, 4]}]),
                          "category_id 4 is not the id of any entry in 'categories'"),
+    "category name twice": (_coco_doc(categories=[{"id": 3, "name": "thing"}, {"id": 4, "name": "thing"}]),
+                            "categories: category name 'thing' is given twice"),
     "same file twice": (_coco_doc(images=[{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48},
                                           {"id": 2, "file_name": "a.jpg", "width": 64, "height": 48}]),
                         "images[1] (id 2): file_name 'a.jpg' is also image id 1"),

@@ -59,9 +59,11 @@ def categories(path: Path, data=None) -> list[tuple[int, str]]:
         if not isinstance(cat.get("id"), int) or isinstance(cat.get("id"), bool) or not isinstance(cat.get("name"), str):
             raise bad_input(path, f"categories[{i}]", f"needs an integer 'id' and a text 'name', got {short_repr(cat)}")
         out.append((cat["id"], cat["name"]))
-    ids = [i for i, _ in out]
-    if len(set(ids)) < len(ids):
-        raise bad_input(path, "categories", f"category id {next(i for i in ids if ids.count(i) > 1)} is given twice")
+    for k in (0, 1):  # an id given twice is ambiguous; so is a name (classes are matched by name across splits)
+        values = [c[k] for c in out]
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            raise bad_input(path, "categories", f"category {'id' if k == 0 else 'name'} {twice!r} is given twice")
     return sorted(out)
 
 
