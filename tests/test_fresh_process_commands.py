@@ -8,6 +8,7 @@ command (torchvision's extension first loaded inside the ONNX trace). Where each
   train resume=..., resume=auto -- tests/test_resume_and_checkpoints.py, tests/test_fault_tolerance.py
   tune, tune resume= -- tests/test_tune.py, tests/test_tune_resume.py; torchrun / nproc= -- tests/test_ddp.py
   train callbacks=..., the features page's commands -- tests/test_callback_order_as_listed.py, tests/test_features_doc.py
+  convert (coco, voc, labelme, labelstudio), data check -- tests/test_data_formats.py
 and the modes that only print, here.
 """
 

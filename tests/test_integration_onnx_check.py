@@ -37,7 +37,7 @@ def with_hook(monkeypatch, hook):
         model.register_forward_hook(hook)
         return model
 
-    for name, module in list(sys.modules.items()):  # every module that imported it, under any name (engine/build: `build`)
+    for name, module in list(sys.modules.items()):  # every module that imported it, under any name (training/build: `build`)
         if name.startswith("yolo_cb"):
             for attr in [a for a, value in vars(module).items() if value is real]:
                 monkeypatch.setattr(module, attr, build)

@@ -16,12 +16,13 @@ from yolo_cb.config import check_overrides, coerce, describe_settings, get_confi
 from yolo_cb.errors import UserError
 from yolo_cb.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.user_settings import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
-from yolo_cb.utils.log import setup_logging
+from yolo_cb.utils.log import printable, setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune", "benchmark")
-SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "help", "version")
+SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
+DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -32,6 +33,8 @@ Usage:
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
   yolo-cb checks | copy-cfg       this machine's versions and hardware; default.yaml copied here as default_copy.yaml
+  yolo-cb convert source=instances_train.json format=coco|voc|labelme|labelstudio out=mydata   (YOLO labels + data.yaml)
+  yolo-cb data check data=mydata.yaml   counts per split and class, backgrounds, duplicates, tiny or outside boxes
   yolo-cb cfg=my.yaml key=value   no mode word: train with that settings file (as Ultralytics)
   yolo-cb help | version
 
@@ -45,7 +48,7 @@ Examples:
   yolo-cb tune data=shapes.yaml iterations=8 epochs=5 imgsz=128   (needs pip install 'yolo-cb[tune]')
   torchrun --nproc_per_node 2 -m yolo_cb train data=shapes.yaml device=cpu
 
-Docs: README.md and docs/ (callbacks.md, cli.md, export.md, distributed.md, metrics.md, tune.md)."""
+Docs: README.md and docs/ (callbacks.md, cli.md, datasets.md, export.md, distributed.md, metrics.md, tune.md)."""
 
 
 class UsageError(Exception):
@@ -166,6 +169,38 @@ def settings_command(rest: list[str]) -> None:
               f"{'(yours)' if key in saved else '(default)'}")
 
 
+def data_command(argv: list[str]) -> None:
+    """`yolo-cb convert source=... format=... out=... [names=a,b]` and `yolo-cb data check data=... [datasets_dir=...]`."""
+    command, rest = argv[0], argv[1:]
+    if command == "data":
+        if rest[:1] != ["check"]:
+            raise UsageError("`yolo-cb data` has one action: `yolo-cb data check data=mydata.yaml`")
+        rest = rest[1:]
+    keys = DATA_KEYS[command]
+    values: dict[str, str] = {}
+    for token in rest:
+        key, sep, value = token.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or key not in keys:
+            raise UsageError(f"'{token}' is not one of {command}'s key=value arguments ({', '.join(keys)}).{did_you_mean(key, keys)}")
+        values[key] = value
+    needed = ("source", "format", "out") if command == "convert" else ("data",)
+    missing = [k for k in needed if not values.get(k)]
+    if missing:
+        example = "yolo-cb convert source=annotations.json format=coco out=mydata" if command == "convert" else "yolo-cb data check data=mydata.yaml"
+        raise UsageError(f"{'data check' if command == 'data' else command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
+    setup_logging()
+    if command == "convert":
+        from yolo_cb.data.convert import convert
+
+        print(f"wrote {convert(values['source'], values['format'].lower(), values['out'], values.get('names'))}")
+        return
+    from yolo_cb.data.check import check_dataset, format_report
+
+    report = format_report(*check_dataset(values["data"], values.get("datasets_dir") or None))
+    print("\n".join(printable(line) for line in report.splitlines()))  # class names come from the user's files
+
+
 def drain(results: Iterator[object]) -> int:
     """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
     the number of images and video frames. Returns how many there were."""
@@ -183,6 +218,8 @@ def drain(results: Iterator[object]) -> int:
 def run(argv: list[str]) -> object:
     if argv[:1] == ["settings"]:
         return settings_command(argv[1:])
+    if argv[:1] in (["convert"], ["data"]):
+        return data_command(argv)
     mode, overrides = parse_args(argv)
     if mode == "help":
         print(HELP)

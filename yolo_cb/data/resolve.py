@@ -181,6 +181,8 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
     cfg, names = _read_dataset_yaml(yaml_file)
     ddir = resolve_datasets_dir(datasets_dir)
     places = _candidate_roots(cfg, yaml_file, ddir)
+    if names is None and not _names_in_source(cfg, places, yaml_file):
+        raise names_missing(yaml_file)
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
     if root is None and download:
@@ -193,15 +195,49 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
             f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
             f"or set 'path:' in {yaml_file.name} to the dataset root."
         )
-    return _resolved_dataset(cfg, names, root, yaml_file)
+    return _resolved_dataset(cfg, names, root, yaml_file, ddir)
 
 
-def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str]]:
+def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int] | None]:
+    """The names of a data YAML without `names:`: its train COCO JSON's categories (in id order, and their ids, which
+    predictions.json then writes), or the sorted class names of its train VOC split's annotations."""
+    from yolo_cb.data.formats.cache import source_kind
+    from yolo_cb.data.formats.coco import coco_names
+    from yolo_cb.data.formats.voc import split_list, voc_class_names
+
+    train = data["train"][0] if isinstance(data["train"], list) else data["train"]
+    kind = source_kind(train)
+    if kind == "coco":
+        return coco_names(Path(train))
+    if kind == "voc":
+        listed = split_list(Path(train), "train")
+        found = voc_class_names(listed.parents[2], listed)
+        if found:
+            LOGGER.info(f"{yaml_file.name}: no names given; the classes of {listed} are {found}")
+            return dict(enumerate(found)), None
+    raise names_missing(yaml_file)
+
+
+def names_missing(yaml_file: Path) -> DatasetConfigError:
+    return DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]' "
+                              f"(only a COCO JSON or a VOC train split gives the names itself)")
+
+
+def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
+    """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
+    from yolo_cb.data.formats.cache import source_kind
+
+    return any(source_kind(p) for root, _ in places for p in _split_paths(cfg.get("train"), root, "train", yaml_file) or [])
+
+
+def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
     """The YAML's mapping and its names, with the required keys checked (one line naming the key and an example)."""
     cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
     if not isinstance(cfg, dict):
         raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
     for key in ("train", "val", "names"):
+        if key == "names" and cfg.get(key) in (None, "", [], {}):
+            return cfg, None  # a COCO JSON / VOC train split gives them once the root is known, else the error is raised then
         if cfg.get(key) in (None, "", [], {}):
             example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
             raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
@@ -259,11 +295,20 @@ def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
     return ""
 
 
-def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: Path) -> dict:
-    """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given."""
+def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_file: Path, ddir: Path) -> dict:
+    """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given.
+
+    A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
+    (data/formats/cache.py); without `names:` the train split's categories are the names."""
+    from yolo_cb.data.formats.cache import materialise
+
     out = {"yaml_file": str(yaml_file), "path": str(root)}
+    category_ids = None
+    if names is None:
+        names, category_ids = _source_names({"train": _split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
+
     def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = _split_paths(value, root, key, yaml_file)
+        paths = [materialise(p, key.split(":")[0], names, ddir) for p in _split_paths(value, root, key, yaml_file) or []] or None
         return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
 
     for key in SPLIT_KEYS:
@@ -277,6 +322,8 @@ def _resolved_dataset(cfg: dict, names: dict[int, str], root: Path, yaml_file: P
         if not isinstance(ids, (list, tuple)) or len(ids) != len(names):
             raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
         out["category_ids"] = [int(i) for i in ids]
+    elif category_ids is not None:
+        out["category_ids"] = category_ids
     return out
 
 

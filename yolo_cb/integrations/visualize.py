@@ -1,4 +1,8 @@
-"""Visualisation (plots=True): training batches and validation labels/predictions drawn as JPEGs in the run dir.
+"""Visualisation (plots=True): training labels, batches and validation labels/predictions drawn as JPEGs in the run dir.
+
+- labels.jpg (at on_pretrain_routine_end, once per run folder): the training labels' class histogram, box shapes,
+  centres and sizes (data/label_plot.py), as Ultralytics' labels.jpg; MLflow and the other loggers send it with the
+  run's other images.
 
 - train_batch0.jpg .. train_batch2.jpg: the first 3 batches of the run's first epoch, as the model sees them
   (after augmentation: mosaic, affine, HSV, flip), with their labels.
@@ -39,6 +43,15 @@ class Visualize:
         self.active = False  # a trainer is running an epoch (val images are drawn only for in-training validation)
 
     # --- trainer events ---------------------------------------------------------------------
+    def on_pretrain_routine_end(self, trainer):
+        path = Path(trainer.save_dir) / "labels.jpg"
+        if not trainer.is_main or path.exists() or getattr(trainer, "train_loader", None) is None:
+            return
+        from yolo_cb.data.label_plot import plot_labels
+
+        plot_labels(trainer.train_loader.dataset.labels, _names(trainer.data.get("names")), path)
+        trainer.new_images.append(path)
+
     def on_train_epoch_start(self, trainer):
         self.epoch, self.epochs, self.first_epoch = trainer.epoch, trainer.epochs, trainer.start_epoch
         self.period = max(int(self.given_period or getattr(trainer.args, "plot_period", 1) or 1), 1)

@@ -18,6 +18,7 @@ import torch
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.config import Config, load_defaults
+from yolo_cb.data.check import training_summary
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.errors import ConfigError
@@ -146,6 +147,7 @@ def build_loaders(args: Config, data: dict, rank: int, is_main: bool) -> Loaders
     if is_main:
         split = data.get(args.split if args.split != "train" else "val") or data.get("val")
         val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
+        LOGGER.info(training_summary({"train": train_set.labels, "val": val_set.labels}, dict(names)))
         loaders.test = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
         if args.split == "val":
             for name, split in extra_sets(data).items():

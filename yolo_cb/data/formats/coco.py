@@ -1,0 +1,152 @@
+"""COCO instances JSON -> :class:`~yolo_cb.data.formats.common.Split`.
+
+Read with the standard library's json (pycocotools' COCO class does the same json.load and builds indexes, but
+checks nothing and prints to stdout; it stays a dev dependency). Rules, each as Ultralytics' ``convert_coco`` or
+stricter:
+
+- categories are sorted by id and numbered 0..n-1 (ids with gaps: 1, 3, 7 -> 0, 1, 2), names kept; when the data YAML
+  gives ``names``, each category is matched to the class of the same name instead;
+- an ``iscrowd`` annotation is skipped and counted; an image without annotations is kept as a background;
+- a box (x, y, w, h, pixels) is clipped to the image; one with no area left is dropped; both counted;
+- each image's ``file_name`` is looked up relative to the JSON's folder, then in an ``images/`` folder beside it; an
+  image whose file is in neither is skipped, counted and named once; its name in the YOLO folder is its ``file_name``
+  (subfolders kept, a leading ``images/`` dropped; an absolute one or one with ``..`` keeps only its last part);
+- two image entries with the same ``file_name`` are refused; two files that would share a label file are renamed
+  ``<stem>_2`` and said;
+- malformed JSON, an image or annotation entry missing a key, an annotation naming an image id or a category id that
+  is not there, a bbox that is not 4 numbers: a DataError naming the file and the entry, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, disambiguate, numbers, safe_name
+from yolo_cb.errors import DataError, short_repr
+
+
+def load_json(path: Path):
+    """The parsed JSON of `path`, or a DataError naming the file and where the syntax breaks."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); nothing was written") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: cannot be read ({error}); nothing was written") from None
+
+
+def is_coco_json(path: Path) -> bool:
+    """A .json file (what a data YAML split naming a file with that suffix means)."""
+    return path.suffix.lower() == ".json" and path.is_file()
+
+
+def _entries(data, key: str, path: Path) -> list[dict]:
+    value = data.get(key, [] if key == "annotations" else None)
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise bad_input(path, f"'{key}'", f"must be a list of objects, got {short_repr(value)}")
+    return value
+
+
+def categories(path: Path, data=None) -> list[tuple[int, str]]:
+    """The JSON's categories as (id, name) sorted by id."""
+    data = load_json(path) if data is None else data
+    if not isinstance(data, dict):
+        raise bad_input(path, "the top level", "must be an object with images, annotations and categories")
+    out = []
+    for i, cat in enumerate(_entries(data, "categories", path)):
+        if not isinstance(cat.get("id"), int) or isinstance(cat.get("id"), bool) or not isinstance(cat.get("name"), str):
+            raise bad_input(path, f"categories[{i}]", f"needs an integer 'id' and a text 'name', got {short_repr(cat)}")
+        out.append((cat["id"], cat["name"]))
+    for k in (0, 1):  # an id given twice is ambiguous; so is a name (classes are matched by name across splits)
+        values = [c[k] for c in out]
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            raise bad_input(path, "categories", f"category {'id' if k == 0 else 'name'} {twice!r} is given twice")
+    return sorted(out)
+
+
+def coco_names(path: Path) -> tuple[dict[int, str], list[int]]:
+    """({0: name, ...}, [category id of each]) of a COCO JSON: its categories in id order."""
+    cats = categories(path)
+    if not cats:
+        raise bad_input(path, "categories", "is empty: the classes cannot be taken from it; add names to the data YAML")
+    return {i: name for i, (_, name) in enumerate(cats)}, [cid for cid, _ in cats]
+
+
+def read_coco(path: Path, names: dict[int, str] | None = None) -> Split:
+    """Read a COCO instances JSON (see the module docstring); `names` None: the classes are its categories."""
+    path = Path(path).resolve()
+    data = load_json(path)
+    cats = categories(path, data)
+    if names is None:
+        names = {i: name for i, (_, name) in enumerate(cats)}
+        by_id = {cid: i for i, (cid, _) in enumerate(cats)}
+    else:
+        by_name = class_map([name for _, name in cats], names, path, "categories")
+        by_id = {cid: by_name[name] for cid, name in cats}
+    split = Split(path, [], dict(names))
+    images = _images(data, path, split)
+    for i, ann in enumerate(_entries(data, "annotations", path)):
+        _add_annotation(ann, i, images, by_id, path, split.counts)
+    split.images = [image for image in images.values() if image is not None]
+    disambiguate(split.images, split.notes)
+    return split
+
+
+def _images(data: dict, path: Path, split: Split) -> dict[int, Image | None]:
+    """image id -> Image (None for an image whose file is missing: its annotations are dropped with it)."""
+    out: dict[int, Image | None] = {}
+    first_by_name: dict[str, int] = {}
+    for i, entry in enumerate(_entries(data, "images", path)):
+        image_id, file_name = entry.get("id"), entry.get("file_name")
+        if image_id is None or isinstance(image_id, (bool, dict, list)) or not isinstance(file_name, str) or not file_name:
+            raise bad_input(path, f"images[{i}]", f"needs an 'id' and a 'file_name', got {short_repr(entry)}")
+        if image_id in out:
+            raise bad_input(path, f"images[{i}]", f"image id {image_id!r} is given twice")
+        if file_name in first_by_name:
+            raise bad_input(path, f"images[{i}] (id {image_id!r})", f"file_name {file_name!r} is also image id "
+                            f"{first_by_name[file_name]!r}: two entries name one file; merge or remove one")
+        first_by_name[file_name] = image_id
+        width, height = numbers([entry.get("width"), entry.get("height")], 2, path, f"images[{i}] (id {image_id!r})", "width, height")
+        if width <= 0 or height <= 0:
+            raise bad_input(path, f"images[{i}] (id {image_id!r})", f"width and height must be positive, got {width:g}x{height:g}")
+        found = find_image(path.parent, file_name)
+        if found is None:
+            split.counts["missing_images"] += 1
+            if split.counts["missing_images"] == 1:
+                split.notes.append(f"{path}: images[{i}] file_name {file_name!r} is neither in {path.parent} nor in "
+                                   f"{path.parent / 'images'}: skipped")
+        name = safe_name(file_name, f"{image_id}.jpg")
+        name = name.removeprefix("images/") or name  # images/a.jpg beside the JSON: a.jpg in images/<split>/, as a.jpg in images/
+        out[image_id] = None if found is None else Image(found, name, width, height)
+    return out
+
+
+def find_image(folder: Path, file_name: str) -> Path | None:
+    """`file_name` relative to `folder`, else to `folder`/images; None when in neither."""
+    for base in (folder, folder / "images"):
+        candidate = base / file_name
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _add_annotation(ann: dict, i: int, images: dict, by_id: dict[int, int], path: Path, counts: Counter) -> None:
+    entry = f"annotations[{i}] (id {ann.get('id', '?')!r})"
+    image_id = ann.get("image_id")
+    if image_id not in images:
+        raise bad_input(path, entry, f"image_id {short_repr(image_id)} is not the id of any entry in 'images'")
+    if ann.get("category_id") not in by_id:
+        raise bad_input(path, entry, f"category_id {short_repr(ann.get('category_id'))} is not the id of any entry in 'categories'")
+    x, y, w, h = numbers(ann.get("bbox"), 4, path, entry, "bbox")
+    if ann.get("iscrowd"):
+        counts["crowd_skipped"] += 1
+        return
+    image = images[image_id]
+    if image is None:
+        return
+    box = clip_box((x, y, x + w, y + h), image.width, image.height, counts)
+    if box is not None:
+        image.boxes.append((by_id[ann["category_id"]], *box))
