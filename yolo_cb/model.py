@@ -80,8 +80,8 @@ class YOLO(ModelHabits):
         if self.source and self.source.endswith((".pt", ".pth")) and not is_weights_name(self.source):  # a name: fetched on first use
             self._read_overrides()
 
-    def _read_overrides(self) -> None:
-        self.overrides = checkpoint_defaults(self.source)
+    def _read_overrides(self, path: str | None = None) -> None:
+        self.overrides = checkpoint_defaults(path or self.source)
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
@@ -182,6 +182,7 @@ class YOLO(ModelHabits):
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
         source, model_named = self._train_source(kwargs.pop("model", None))
         kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
+        loaded = self.loaded_module if resuming is None and source == self.source else None  # after load(): starts from it
         if resuming is not None and resuming.finished:
             setup_logging(resuming.args.verbose)
             return self._finished_run(resuming, kwargs)
@@ -190,8 +191,9 @@ class YOLO(ModelHabits):
         check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
-            return self._train_ddp(args, trainer_class, source, resuming)
-        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if resuming is None else None)
+            return self._train_ddp(args, trainer_class, source, resuming, loaded)
+        start = None if resuming is not None else loaded if loaded is not None else source
+        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=start)
         if resuming is not None:
             trainer.resume_ckpt = resuming.ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
         self.trainer = trainer
@@ -209,8 +211,11 @@ class YOLO(ModelHabits):
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         return (str(named), True) if named is not None else (self.source, self.model_named)
 
-    def _train_ddp(self, args, trainer_class: type, source: Any, resuming) -> DetectionMetrics:
+    def _train_ddp(self, args, trainer_class: type, source: Any, resuming, loaded: nn.Module | None = None) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
+        if loaded is not None:
+            raise ConfigError(f"a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
+                              f"workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
         if trainer_class is not Trainer:
             raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
@@ -243,10 +248,11 @@ class YOLO(ModelHabits):
     def val(self, **kwargs) -> DetectionMetrics:
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**self.overrides, **kwargs, "mode": "val", "model": kwargs.get("model", self.source)})
-        self._require_weights("val", args.model)
+        model = self._mode_model(args, kwargs)  # after load(): the in-memory model, else the file
+        self._require_weights("val", model)
         setup_logging(args.verbose)
         validator = Validator(args, callbacks=self._engine_callbacks(args))
-        self.metrics = validator(model=args.model)
+        self.metrics = validator(model=model)
         return self.metrics
 
     def predict(self, source: Any = None, stream: bool = False, **kwargs):
@@ -259,20 +265,22 @@ class YOLO(ModelHabits):
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
                           base={"save": save, "batch": PREDICT_BATCH})
-        self._require_weights("predict", args.model)
+        model = self._mode_model(args, kwargs)
+        self._require_weights("predict", model)
         setup_logging(args.verbose)
         predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))
-        return predictor(source=source if source is not None else args.source, model=args.model, stream=stream)
+        return predictor(source=source if source is not None else args.source, model=model, stream=stream)
 
     def export(self, **kwargs) -> str:
         kwargs = self._fetch_named_weights(kwargs)
         # export batch defaults to 1 (the training default of 16 would make a static batch-16 model)
         args = get_config({"batch": 1, **{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export",
                            "model": kwargs.get("model", self.source)})
-        self._require_weights("export", args.model)
+        model = self._mode_model(args, kwargs, backend=False)
+        self._require_weights("export", model)
         setup_logging(args.verbose)
         exporter = Exporter(args, callbacks=self._engine_callbacks(args))
-        return exporter(model=args.model)
+        return exporter(model=model)
 
     def _require_weights(self, mode: str, model: Any) -> None:
         """val/predict/export need trained weights, not an architecture YAML."""
@@ -350,6 +358,9 @@ def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | 
     once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
     overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
     args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    if args.augment:  # Ultralytics' train ignores it; here an accepted setting must do something
+        raise ConfigError("augment=True is test-time augmentation, a predict / val setting (Ultralytics' train ignores it): drop it; "
+                          "training's augmentation is set by mosaic=, fliplr=, scale=, hsv_h=, ...")
     weights = resolve_weights(source, args.weights_dir)
     if weights is not source:
         source = args.model = str(weights)

@@ -111,7 +111,7 @@ RULES: dict[str, Setting] = {
     "no_aug_epochs": _int(0), "next_stage_start_epoch": _int(0),
     # validation / prediction
     "split": _enum("train", "val", "test"), "conf": _k("fraction"), "iou": _k("fraction"), "max_det": _int(1),
-    "agnostic_nms": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
+    "agnostic_nms": _k("bool"), "augment": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
     "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "worst_source": _enum("val", "train", "both", **RT), "source": _k("free"),
     "show_labels": _k("bool"), "show_conf": _k("bool"), "show": _k("bool"), "save_crop": _k("bool"), "line_width": _int(1),
     # export

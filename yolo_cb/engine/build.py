@@ -90,6 +90,9 @@ def build_model(trainer) -> None:
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
         init_ckpt = read_checkpoint(source)
         cfg = init_ckpt.model_cfg
+    elif isinstance(source, torch.nn.Module):  # YOLO(yaml).load(weights).train(): the facade's in-memory model is the start
+        init_ckpt = Checkpoint(model=dict(source.state_dict()), model_cfg=dict(source.cfg), names=dict(source.names))
+        cfg = init_ckpt.model_cfg
     else:
         cfg = source
     model = build(cfg, nc=int(parts.data["nc"]), verbose=trainer.is_main, imgsz=args.imgsz)

@@ -25,6 +25,7 @@ from yolo_cb.data.resolve import check_data, missing_split_error
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.engine import coco_json, per_class
 from yolo_cb.engine.backend import load_backend
+from yolo_cb.engine.predictor import level_strides, tta_predictions
 from yolo_cb.engine.stop import refuse_foreign_stop_flag
 from yolo_cb.engine.val_metrics import DetectionMetrics
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
@@ -138,6 +139,8 @@ class Validator:
             self._modes = _modes(model)
             model.eval()
         backend = load_backend(model, device=args.device, fp16=bool(args.half))
+        if args.augment:
+            level_strides(backend)  # an export cannot take the other sizes: refused at once
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
@@ -235,6 +238,8 @@ class Validator:
                     for key in loss_sums:
                         value = losses.get(key, 0.0)
                         loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
+                elif args.augment:  # standalone only, as Ultralytics: test-time augmentation (engine/predictor.py)
+                    preds = tta_predictions(model, img)
                 else:
                     preds = self._infer(model, img)
                 _sync(self.device)

@@ -1,0 +1,146 @@
+"""Ultralytics habits that were missing (issue #42), each checked against Ultralytics 8.4.190's behaviour for the same call:
+model.load(weights) (then used by every mode), Results.plot(font_size=, color_mode=), predict(augment=True) (test-time
+augmentation), train(single_cls=True), yolo_cb.callbacks.get_default_callbacks() and the validator's loop state read from
+callbacks. One tiny model, trained once, serves the tests that need trained weights."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+
+from yolo_cb import YOLO
+
+CONF = 1e-4  # low: the one-epoch model's scores are weak, and every test needs some boxes
+QUICK = {k: v for k, v in TINY.items() if k != "model"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shapes_small_yaml):
+    """best.pt of a one-epoch yolocb-n training on shapes_small, and four of its validation images."""
+    root = tmp_path_factory.mktemp("missing")
+    model = YOLO("yolocb-n.yaml")
+    model.train(**{**QUICK, "data": str(shapes_small_yaml), "project": str(root / "runs"), "name": "exp"})
+    images = root / "images"
+    images.mkdir()
+    val = [Path(p) for p in Path(str(shapes_small_yaml).replace("shapes_small.yaml", "val.txt")).read_text().split()]
+    for p in val[:4]:
+        shutil.copy(p, images / p.name)
+    return {"weights": model.source, "images": images, "data": str(shapes_small_yaml), "root": root}
+
+
+def boxes_of(results) -> list[np.ndarray]:
+    return [np.asarray(r.numpy().boxes.data) for r in results]
+
+
+def assert_same_detections(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(boxes_of(a), boxes_of(b), strict=True):
+        assert x.shape == y.shape and np.allclose(x, y, atol=1e-3, rtol=1e-4)
+
+
+@pytest.fixture
+def log_lines():
+    """The yolo_cb log records of the test, as text."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("yolo_cb").addHandler(handler)
+    yield lines
+    logging.getLogger("yolo_cb").removeHandler(handler)
+
+
+# --- 1. YOLO(yaml).load(weights): every mode then uses the loaded weights --------------------------------------------------
+def test_load_transfers_weights_and_every_mode_uses_them(trained, tmp_path, monkeypatch, log_lines):
+    reference = YOLO(trained["weights"])
+    model = YOLO("yolocb-n.yaml")
+    assert model.load(trained["weights"]) is model  # returns the facade, as Ultralytics
+    total = len(reference.model.state_dict())
+    assert f"Transferred {total}/{total} items from {trained['weights']}" in log_lines
+    assert model.names == reference.names and model.model.nc == 4  # the weights' classes, so the class head transferred
+    for key, value in reference.model.state_dict().items():
+        assert torch.equal(model.model.state_dict()[key], value), key
+
+    assert_same_detections(model.predict(trained["images"], conf=CONF, imgsz=64), reference.predict(trained["images"], conf=CONF, imgsz=64))
+    loaded_val, file_val = model.val(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"), name="a"), \
+        reference.val(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"), name="b")
+    assert loaded_val.box.map == pytest.approx(file_val.box.map, abs=1e-6) and loaded_val.box.mp == pytest.approx(file_val.box.mp, abs=1e-6)
+
+    monkeypatch.chdir(tmp_path)
+    exported = Path(model.export(format="onnx", imgsz=64))
+    assert exported.is_file() and exported.resolve().parent == tmp_path.resolve()  # from the in-memory model: no .pt beside which to write
+    assert_same_detections(YOLO(str(exported)).predict(trained["images"], conf=CONF, imgsz=64),
+                           reference.predict(trained["images"], conf=CONF, imgsz=64))
+
+    start = {}
+    model.add_callback("on_train_start", lambda t: start.update({k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}))
+    model.train(**{**QUICK, "data": trained["data"], "project": str(tmp_path / "runs"), "name": "from_loaded"})
+    for key, value in reference.model.state_dict().items():
+        assert torch.equal(start[key], value), key  # the training started from the loaded weights, not from scratch
+    assert model.loaded_module is None and model.source.endswith("best.pt")  # after training: its best.pt, as any training
+
+
+# --- 3. predict / val augment=True: test-time augmentation ------------------------------------------------------------------
+def test_tta_maps_every_pass_back_to_the_input():
+    """A stand-in detector that finds the bright rectangle of its input: after the three passes (one flipped, two smaller,
+    padded) are mapped back, every prediction is the rectangle in the input's pixels; the level drops follow the strides."""
+    from yolo_cb.nn.postprocess import augmented_predictions
+
+    strides, inputs = (8, 16, 32), []
+    x = torch.zeros(1, 3, 96, 128)
+    x[..., 20:50, 10:40] = 1.0  # x1 y1 x2 y2 = 10 20 40 50: left of centre, so a wrong flip shows
+
+    def detector(image):
+        inputs.append(tuple(image.shape[-2:]))
+        ys, xs = (image[0, 0] > 0.9).nonzero(as_tuple=True)
+        box = torch.tensor([(xs.min() + xs.max() + 1) / 2, (ys.min() + ys.max() + 1) / 2, xs.max() - xs.min() + 1, ys.max() - ys.min() + 1])
+        a = sum((image.shape[-2] // s) * (image.shape[-1] // s) for s in strides)
+        return torch.cat((box.expand(1, a, 4), torch.ones(1, a, 2)), -1)
+
+    preds = augmented_predictions(detector, x, strides)
+    assert inputs == [(96, 128), (96, 128), (96, 96)]  # 0.83 and 0.67 of 96x128, padded up to multiples of 32
+
+    def cells(h, w, levels):
+        return sum((h // s) * (w // s) for s in levels)
+
+    full, flipped, small = cells(96, 128, (8, 16)), cells(96, 128, strides), cells(96, 96, (16, 32))  # coarsest / finest dropped
+    assert preds.shape == (1, full + flipped + small, 6)
+    assert torch.allclose(preds[0, :, :4], torch.tensor([25.0, 35.0, 30.0, 30.0]).expand(preds.shape[1], 4), atol=2.0)
+    with pytest.raises(ValueError, match="one per cell"):
+        augmented_predictions(lambda image: torch.zeros(1, 7, 6), x, strides)
+
+
+def test_predict_and_val_augment(trained, tmp_path):
+    model = YOLO(trained["weights"])
+    plain = model.predict(trained["images"], conf=CONF, imgsz=64)
+    augmented = model.predict(trained["images"], conf=CONF, imgsz=64, augment=True)
+    assert any(b.shape != a.shape or not np.allclose(b, a) for a, b in zip(boxes_of(plain), boxes_of(augmented), strict=True))
+    for r in augmented:
+        h, w = r.orig_shape
+        xyxy = r.boxes.xyxy
+        assert len(r) > 0 and (xyxy >= 0).all() and (xyxy[:, [0, 2]] <= w).all() and (xyxy[:, [1, 3]] <= h).all()
+        assert (xyxy[:, 2] > xyxy[:, 0]).all() and (xyxy[:, 3] > xyxy[:, 1]).all()
+
+    counts = {}
+    model.add_callback("on_val_batch_end", lambda v: counts.setdefault(bool(v.args.augment), []).append(torch.cat(v.preds).cpu()))
+    common = dict(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"))
+    assert model.val(**common, name="plain").box.map >= 0 and model.val(**common, name="tta", augment=True).box.map >= 0
+    plain_val, tta_val = torch.cat(counts[False]), torch.cat(counts[True])
+    assert plain_val.shape != tta_val.shape or not torch.allclose(plain_val, tta_val)  # val(augment=True) validates the
+    # augmented predictions (as Ultralytics' val does)
+
+    onnx = YOLO(model.export(format="onnx", imgsz=64))
+    with pytest.raises(Exception, match="augment=True .* needs a PyTorch model") as refused:
+        onnx.predict(trained["images"], augment=True, imgsz=64)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(Exception, match="test-time augmentation, a predict / val setting"):
+        YOLO("yolocb-n.yaml").train(**{**QUICK, "data": trained["data"], "project": str(tmp_path / "r")}, augment=True)
