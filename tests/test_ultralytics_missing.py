@@ -142,5 +142,28 @@ def test_predict_and_val_augment(trained, tmp_path):
     with pytest.raises(Exception, match="augment=True .* needs a PyTorch model") as refused:
         onnx.predict(trained["images"], augment=True, imgsz=64)
     assert "\n" not in str(refused.value)
-    with pytest.raises(Exception, match="test-time augmentation, a predict / val setting"):
+    with pytest.raises(Exception, match="augment=True is a predict / val setting; train does not read it"):
         YOLO("yolocb-n.yaml").train(**{**QUICK, "data": trained["data"], "project": str(tmp_path / "r")}, augment=True)
+
+
+# --- 4. train(single_cls=True): every class is one, 'item' --------------------------------------------------------------------
+def test_single_cls_trains_one_class_item(trained, tmp_path):
+    from yolo_cb.engine.checkpoint import read_checkpoint
+
+    seen = {}
+    model = YOLO("yolocb-n.yaml")
+    model.add_callback("on_val_end", lambda v: seen.update(nc=v.nc, names=dict(v.names), classes={int(c) for s in v.stats for c in s["gt_cls"]}))
+    metrics = model.train(**{**QUICK, "data": trained["data"], "project": str(tmp_path / "runs"), "name": "single"}, single_cls=True)
+    ckpt = read_checkpoint(model.source)
+    assert ckpt.names == {0: "item"} and ckpt.model_cfg.get("nc", 1) == 1 and model.model.nc == 1  # shapes has 4 classes
+    with torch.no_grad():
+        assert YOLO(model.source).model.eval()(torch.rand(1, 3, 64, 64)).shape[-1] == 4 + 1 + 1  # box, objectness, one class
+    assert seen == {"nc": 1, "names": {0: "item"}, "classes": {0}}  # the labels of all 4 shapes counted as 'item'
+    assert metrics.names == {0: "item"} and len(metrics.box.maps) == 1
+    assert model.val(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v")).names == {0: "item"}  # from the checkpoint
+
+    four = YOLO(trained["weights"]).val(single_cls=True, imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"))
+    assert four.names == {0: "item"} and [row["Class"] for row in four.summary()] == ["item"]  # a 4-class model, scored as one class
+    with pytest.raises(Exception, match="single_cls=True is a train / val / tune setting") as refused:
+        YOLO(trained["weights"]).predict(trained["images"], single_cls=True)
+    assert "\n" not in str(refused.value)

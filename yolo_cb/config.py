@@ -351,6 +351,9 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
     return check_pairs(_typed(merged, defaults))
 
 
+MODE_SETTINGS = {"augment": ("predict", "val"), "single_cls": ("train", "val", "tune")}  # switches only these modes read
+
+
 def check_pairs(config: Config) -> Config:
     """Settings that need another one: unfreeze_epoch= and unfreeze_warmup= need freeze= (without frozen layers they
     would do nothing), and worst_source= needs worst_batches=;
@@ -365,6 +368,10 @@ def check_pairs(config: Config) -> Config:
     if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
         raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
                           f"worst_batches is 0 (off): set worst_batches=k as well")
+    for key, modes in MODE_SETTINGS.items():
+        if getattr(config, key) and config.mode not in modes:
+            raise ConfigError(f"{key}=True is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
+                              f"there): drop it" + (". Training's augmentation: mosaic=, fliplr=, scale=, hsv_h=, ..." if key == "augment" else ""))
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "

@@ -55,7 +55,7 @@ def checkpoint_defaults(source: str) -> dict[str, Any]:
     """data and imgsz from a checkpoint's saved settings, as val()'s defaults (never a place to write, such as datasets_dir).
     A file we did not write may hold any value: one the settings refuse (a crafted imgsz=32768) is dropped with one warning."""
     saved, kept = load_checkpoint(source).get("train_args") or {}, {}
-    for key in ("data", "imgsz"):
+    for key in ("data", "imgsz", "single_cls"):  # single_cls: as Ultralytics, a single-class run's checkpoint validates so
         if key in saved:
             try:
                 kept[key] = coerce(key, saved[key])
@@ -227,7 +227,7 @@ class YOLO(ModelHabits):
         return self.metrics
 
     def _keep_overrides(self, args) -> None:
-        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
+        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir", "single_cls")}  # val()/predict() after train() use them
 
     def tune(self, **kwargs) -> dict:
         """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
@@ -358,9 +358,6 @@ def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | 
     once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
     overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
     args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
-    if args.augment:  # Ultralytics' train ignores it; here an accepted setting must do something
-        raise ConfigError("augment=True is test-time augmentation, a predict / val setting (Ultralytics' train ignores it): drop it; "
-                          "training's augmentation is set by mosaic=, fliplr=, scale=, hsv_h=, ...")
     weights = resolve_weights(source, args.weights_dir)
     if weights is not source:
         source = args.model = str(weights)

@@ -90,7 +90,7 @@ RULES: dict[str, Setting] = {
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
     "nproc": _k("procs", low=1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
-    "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
+    "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "single_cls": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
     "unfreeze_epoch": _int(0), "unfreeze_warmup": _k("nonneg"),
     "grad_clip": _k("nonneg"), "channels_last": _k("bool"),

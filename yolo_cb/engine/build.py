@@ -18,6 +18,7 @@ import torch
 from yolo_cb.config import Config, load_defaults
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
+from yolo_cb.data.resolve import single_class
 from yolo_cb.engine.checkpoint import Checkpoint, read_checkpoint
 from yolo_cb.engine.ema import unwrap
 from yolo_cb.engine.freeze import freeze_bn_stats, freeze_layers, trainable_count
@@ -77,7 +78,7 @@ def check_data(trainer) -> dict:
     data = resolve(trainer.args.data or "shapes.yaml", trainer.args.datasets_dir)
     if trainer.rank == 0:
         distributed.barrier()
-    return data
+    return single_class(data) if trainer.args.single_cls else data
 
 
 def build_model(trainer) -> None:
@@ -138,7 +139,7 @@ def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint | dict) -> in
 
 def build_loaders(trainer) -> None:
     args, parts, rank, stride = trainer.args, trainer.parts, trainer.rank, 32
-    names = parts.data["names"]
+    names = parts.data.get("label_names", parts.data["names"])  # single_cls: the YAML's, by which labels are checked
     if rank > 0:
         distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
     train_set = build_yolo_dataset(args, parts.data["train"], "train", names, stride=stride, batch=args.batch, write_caches=trainer.is_main)
