@@ -167,3 +167,31 @@ def test_single_cls_trains_one_class_item(trained, tmp_path):
     with pytest.raises(Exception, match="single_cls=True is a train / val / tune setting") as refused:
         YOLO(trained["weights"]).predict(trained["images"], single_cls=True)
     assert "\n" not in str(refused.value)
+
+
+# --- 2. Results.plot(font_size=, color_mode=) -----------------------------------------------------------------------------------
+def test_plot_font_size_and_color_mode_change_pixels(tmp_path):
+    from yolo_cb.engine.results import Results
+    from yolo_cb.utils.draw import class_color
+
+    image = np.full((200, 300, 3), 114, np.uint8)
+    r = Results(image, "scene.jpg", {0: "circle", 1: "cross"}, boxes=torch.tensor([[10, 60, 100, 150, 0.9, 0], [150, 40, 280, 180, 0.8, 0]]))
+    bare, default = r.plot(labels=False), r.plot()
+
+    def text_pixels(drawn):
+        return int((drawn != bare).any(-1).sum())
+
+    small, large = r.plot(font_size=8), r.plot(font_size=40)
+    assert text_pixels(small) < text_pixels(default) < text_pixels(large)  # the label's text (and its background) grows
+    assert (r.plot(font_size=40, pil=True).size == (300, 200)) and Path(r.save(tmp_path / "big.png", font_size=40)).is_file()
+
+    by_class, by_instance = r.plot(labels=False), r.plot(labels=False, color_mode="instance")
+    edge = (110, 150)  # (row, column) on the left edge of the second box
+    assert tuple(by_class[edge]) == class_color(0) and tuple(by_instance[edge]) == class_color(1)  # both class 0: per detection
+    assert tuple(by_instance[(100, 10)]) == class_color(0)  # the first detection keeps the first colour
+
+    with pytest.raises(TypeError, match=r"does not take: font \(the font is OpenCV's\), txt_color \(") as refused:
+        r.plot(font="Arial.ttf", txt_color=(0, 0, 0))
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="invalid color_mode 'rainbow'"):
+        r.plot(color_mode="rainbow")
