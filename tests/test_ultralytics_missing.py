@@ -195,3 +195,21 @@ def test_plot_font_size_and_color_mode_change_pixels(tmp_path):
     assert "\n" not in str(refused.value)
     with pytest.raises(ValueError, match="invalid color_mode 'rainbow'"):
         r.plot(color_mode="rainbow")
+
+
+# --- 5. from yolo_cb.callbacks import get_default_callbacks -----------------------------------------------------------------
+def test_get_default_callbacks_from_the_callbacks_package(trained, tmp_path):
+    from yolo_cb.callbacks import EVENTS, Callbacks, get_default_callbacks
+    from yolo_cb.model import DetectionTrainer
+
+    callbacks = get_default_callbacks()
+    assert isinstance(callbacks, Callbacks) and set(callbacks.keys()) == set(EVENTS) and all(v == [] for v in callbacks.values())
+    assert get_default_callbacks() is not callbacks  # a fresh dict each call, as Ultralytics'
+    ends = []
+    callbacks["on_train_end"].append(lambda t: ends.append(t.best))  # Ultralytics' habit: fill it, hand it to the trainer
+    trainer = DetectionTrainer(overrides={**QUICK, "model": "yolocb-n.yaml", "data": trained["data"], "project": str(tmp_path / "runs"),
+                                          "name": "direct"}, _callbacks=callbacks)
+    trainer.train()
+    assert ends == [trainer.best] and Path(trainer.best).is_file()
+    built_in = {type(e.owner).__name__ for e in trainer.callbacks.entries("on_model_save")}
+    assert "Checkpoint" in built_in  # the trainer added its own built-ins around them
