@@ -146,7 +146,7 @@ def test_tensor_source_gives_one_result_per_batch_item(trained):
 
 
 # --- 7. an Ultralytics setting yolo-cb lacks: said so from Python as from the CLI --------------------------------------------
-@pytest.mark.parametrize("key", ["augment", "single_cls"])
+@pytest.mark.parametrize("key", ["visualize", "dnn"])  # augment and single_cls exist now (tests/test_ultralytics_missing.py)
 def test_python_api_names_ultralytics_settings(key, trained):
     with pytest.raises(ConfigError, match=f"'{key}' is an Ultralytics setting yolo-cb does not have") as error:
         YOLO("yolox-nano.yaml").train(data=trained["data"], **{key: True})

@@ -386,6 +386,7 @@ def check_overrides(overrides: dict[str, Any]) -> None:
 def names_a_resume(value: Any) -> bool:
     """Whether a resume= value asks for a resume (a path, true, auto), read as the settings would read it."""
     return value is not None and coerce("resume", value) not in (None, False)
+MODE_SETTINGS = {"augment": ("predict", "val"), "single_cls": ("train", "val", "tune")}  # switches only these modes read
 
 
 def check_pairs(config: Config) -> Config:
@@ -402,6 +403,10 @@ def check_pairs(config: Config) -> Config:
     if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
         raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
                           f"worst_batches is 0 (off): set worst_batches=k as well")
+    for key, modes in MODE_SETTINGS.items():
+        if getattr(config, key) and config.mode not in modes:
+            raise ConfigError(f"{key}=True is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
+                              f"there): drop it" + (". Training's augmentation: mosaic=, fliplr=, scale=, hsv_h=, ..." if key == "augment" else ""))
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "

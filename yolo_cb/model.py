@@ -56,7 +56,7 @@ def checkpoint_defaults(source: str) -> dict[str, Any]:
     """data and imgsz from a checkpoint's saved settings, as val()'s defaults (never a place to write, such as datasets_dir).
     A file we did not write may hold any value: one the settings refuse (a crafted imgsz=32768) is dropped with one warning."""
     saved, kept = load_checkpoint(source).train_args or {}, {}
-    for key in ("data", "imgsz"):
+    for key in ("data", "imgsz", "single_cls"):  # single_cls: as Ultralytics, a single-class run's checkpoint validates so
         if key in saved:
             try:
                 kept[key] = coerce(key, saved[key])
@@ -81,8 +81,8 @@ class YOLO(ModelHabits):
         if self.source and self.source.endswith((".pt", ".pth")) and not is_weights_name(self.source):  # a name: fetched on first use
             self._read_overrides()
 
-    def _read_overrides(self) -> None:
-        self.overrides = checkpoint_defaults(self.source)
+    def _read_overrides(self, path: str | None = None) -> None:
+        self.overrides = checkpoint_defaults(path or self.source)
 
     def _fetch_named_weights(self, kwargs: dict) -> dict:
         """Official weights named as the model (yolox-s.pt, not a file here): fetched into the weights folder (weights_dir=),
@@ -183,6 +183,7 @@ class YOLO(ModelHabits):
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
         source, model_named = self._train_source(kwargs.pop("model", None))
         kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
+        loaded = self.loaded_module if resuming is None and source == self.source else None  # after load(): starts from it
         if resuming is not None and resuming.finished:
             setup_logging(resuming.args.verbose)
             return self._finished_run(resuming, kwargs)
@@ -191,8 +192,9 @@ class YOLO(ModelHabits):
         check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
 
         if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
-            return self._train_ddp(args, trainer_class, source, resuming)
-        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=source if resuming is None else None)
+            return self._train_ddp(args, trainer_class, source, resuming, loaded)
+        start = None if resuming is not None else loaded if loaded is not None else source
+        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=start)
         if resuming is not None:
             trainer.resume_ckpt = resuming.ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
         self.trainer = trainer
@@ -210,8 +212,11 @@ class YOLO(ModelHabits):
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         return (str(named), True) if named is not None else (self.source, self.model_named)
 
-    def _train_ddp(self, args, trainer_class: type, source: Any, resuming) -> DetectionMetrics:
+    def _train_ddp(self, args, trainer_class: type, source: Any, resuming, loaded: nn.Module | None = None) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
+        if loaded is not None:
+            raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
+                              "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
         if trainer_class is not Trainer:
             raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
@@ -223,7 +228,7 @@ class YOLO(ModelHabits):
         return self.metrics
 
     def _keep_overrides(self, args) -> None:
-        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir")}  # val()/predict() after train() use them
+        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir", "single_cls")}  # val()/predict() after train() use them
 
     def tune(self, **kwargs) -> dict:
         """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
@@ -244,12 +249,13 @@ class YOLO(ModelHabits):
     def val(self, **kwargs) -> DetectionMetrics:
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**self.overrides, **kwargs, "mode": "val", "model": kwargs.get("model", self.source)})
-        self._require_weights("val", args.model)
+        model = self._mode_model(args, kwargs)  # after load(): the in-memory model, else the file
+        self._require_weights("val", model)
         if "data" not in kwargs and self.overrides.get("data") is not None and self.trainer is None:  # the checkpoint's own
             require_local(args.data, args.datasets_dir, self.source)
         setup_logging(args.verbose)
         validator = Validator(args, callbacks=self._engine_callbacks(args))
-        self.metrics = validator(model=args.model)
+        self.metrics = validator(model=model)
         return self.metrics
 
     def predict(self, source: Any = None, stream: bool = False, **kwargs):
@@ -262,20 +268,22 @@ class YOLO(ModelHabits):
         kwargs = self._fetch_named_weights(kwargs)
         args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
                           base={"save": save, "batch": PREDICT_BATCH})
-        self._require_weights("predict", args.model)
+        model = self._mode_model(args, kwargs)
+        self._require_weights("predict", model)
         setup_logging(args.verbose)
         predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))
-        return predictor(source=source if source is not None else args.source, model=args.model, stream=stream)
+        return predictor(source=source if source is not None else args.source, model=model, stream=stream)
 
     def export(self, **kwargs) -> str:
         kwargs = self._fetch_named_weights(kwargs)
         # export batch defaults to 1 (the training default of 16 would make a static batch-16 model)
         args = get_config({"batch": 1, **{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "export",
                            "model": kwargs.get("model", self.source)})
-        self._require_weights("export", args.model)
+        model = self._mode_model(args, kwargs, backend=False)
+        self._require_weights("export", model)
         setup_logging(args.verbose)
         exporter = Exporter(args, callbacks=self._engine_callbacks(args))
-        return exporter(model=args.model)
+        return exporter(model=model)
 
     def _require_weights(self, mode: str, model: Any) -> None:
         """val/predict/export need trained weights, not an architecture YAML."""

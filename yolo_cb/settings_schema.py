@@ -90,7 +90,7 @@ RULES: dict[str, Setting] = {
     "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
     "nproc": _k("procs", low=1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
     "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
-    "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
+    "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "single_cls": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
     "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
     "unfreeze_epoch": _int(0), "unfreeze_warmup": _k("nonneg"),
     "grad_clip": _k("nonneg"), "channels_last": _k("bool"),
@@ -111,7 +111,7 @@ RULES: dict[str, Setting] = {
     "no_aug_epochs": _int(0), "next_stage_start_epoch": _int(0),
     # validation / prediction
     "split": _enum("train", "val", "test"), "conf": _k("fraction"), "iou": _k("fraction"), "max_det": _int(1),
-    "agnostic_nms": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
+    "agnostic_nms": _k("bool"), "augment": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
     "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "worst_source": _enum("val", "train", "both", **RT), "source": _k("free"),
     "show_labels": _k("bool"), "show_conf": _k("bool"), "show": _k("bool"), "save_crop": _k("bool"), "line_width": _int(1),
     # export

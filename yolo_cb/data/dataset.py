@@ -66,6 +66,10 @@ class YOLODataset(torch.utils.data.Dataset):
         self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches, datasets_dir=datasets_dir)
         if not self.labels:
             raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
+        if getattr(hyp, "single_cls", False):  # every class is class 0, 'item' (checked above against the YAML's names)
+            for label in self.labels:
+                label["cls"] = np.zeros_like(label["cls"])
+            self.names = {0: "item"}
         if self.rect:
             self._sort_by_aspect_ratio()
         self.cache_mode = normalise_cache_mode(cache)

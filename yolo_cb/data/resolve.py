@@ -168,6 +168,15 @@ def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError
                               f"(split=val|test|train)")
 
 
+SINGLE_CLASS_NAMES = {0: "item"}  # single_cls=True: every class is this one, as Ultralytics names it
+
+
+def single_class(data: dict) -> dict:
+    """The dataset dict of a single_cls=True run (as Ultralytics): one class, 'item'; `label_names` keeps the YAML's names,
+    by which the label files are still checked (a class id beyond them is an error as without single_cls)."""
+    return {**data, "names": dict(SINGLE_CLASS_NAMES), "nc": 1, "label_names": data.get("label_names", data["names"])}
+
+
 def check_data(data: str | os.PathLike, datasets_dir: str | None = None, download: bool = True) -> dict:
     """Resolve a dataset YAML (path or bundled name) into absolute split paths, names and nc.
 

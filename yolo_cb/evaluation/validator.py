@@ -21,13 +21,14 @@ from yolo_cb.callbacks import Callbacks
 from yolo_cb.config import Config, get_config
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
-from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir
+from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir, single_class
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.evaluation import coco_json, per_class
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.prediction.backend import load_backend
+from yolo_cb.prediction.predictor import level_strides, tta_predictions
 from yolo_cb.recipe.stop import refuse_foreign_stop_flag
 from yolo_cb.utils import plotting
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes
@@ -139,6 +140,8 @@ class Validator:
             self._modes = _modes(model)
             model.eval()
         backend = load_backend(model, device=args.device, fp16=bool(args.half))
+        if args.augment:
+            level_strides(backend)  # an export cannot take the other sizes: refused at once
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
@@ -148,7 +151,7 @@ class Validator:
             dataset = self.dataloader.dataset
             self.names = {int(k): str(v) for k, v in dict(getattr(dataset, "names", None) or backend.names).items()}
             data_nc, data_file = len(self.names), "the given dataloader"
-        if backend.nc != data_nc:
+        if backend.nc != data_nc and not args.single_cls:  # single_cls: every predicted class counts as 'item', as Ultralytics
             raise ValueError(f"class count mismatch: the model {model_name} predicts {backend.nc} classes but the dataset {data_file} "
                              f"has {data_nc} (nc={data_nc}); validate with the dataset the model was trained on")
         if self.save_dir is None:
@@ -160,6 +163,8 @@ class Validator:
         if not args.data:
             raise ValueError("Validator needs a dataset: pass data=... (a dataset YAML)")
         self.data = check_data(args.data, args.datasets_dir)
+        label_names = self.data["names"]  # single_cls: the labels are checked against the YAML's classes, then made 'item'
+        self.data = single_class(self.data) if args.single_cls else self.data
         split = args.split or "val"
         yaml_file = self.data["yaml_file"]
         self.names = {int(k): str(v) for k, v in self.data["names"].items()}
@@ -174,13 +179,13 @@ class Validator:
         try:
             if backend.imgsz:  # a static export: square (non-rect) letterbox at its fixed size, its fixed batch
                 h, w = backend.imgsz
-                dataset = YOLODataset(paths, imgsz=max(h, w), names=self.names, augment=False, hyp=args, rect=False,
+                dataset = YOLODataset(paths, imgsz=max(h, w), names=label_names, augment=False, hyp=args, rect=False,
                                       batch_size=batch, stride=backend.stride, cache=args.cache, prefix=f"{split}: ",
                                       datasets_dir=resolve_datasets_dir(args.datasets_dir))
                 if h != w:
                     dataset.transforms = [LetterBox((h, w), scaleup=False)]
             else:
-                dataset = build_yolo_dataset(args, paths, mode="val", names=self.names, stride=backend.stride, batch=batch)
+                dataset = build_yolo_dataset(args, paths, mode="val", names=label_names, stride=backend.stride, batch=batch)
         except FileNotFoundError as error:
             raise FileNotFoundError(f"dataset {yaml_file}: split '{split}' has no usable images ({error})") from error
         if len(dataset) == 0:
@@ -239,6 +244,8 @@ class Validator:
                     for key in loss_sums:
                         value = losses.get(key, 0.0)
                         loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
+                elif args.augment:  # standalone only, as Ultralytics: test-time augmentation (engine/predictor.py)
+                    preds = tta_predictions(model, img)
                 else:
                     preds = self._infer(model, img)
                 _sync(self.device)
@@ -278,8 +285,12 @@ class Validator:
     def postprocess(self, preds: torch.Tensor) -> list[torch.Tensor]:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
-        return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
-                           classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL)
+        single = bool(self.args.single_cls)  # one class: class-agnostic NMS, every box of class 0 (as Ultralytics' val)
+        dets = postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms) or single,
+                           classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL and not single)
+        for det in dets if single else ():
+            det[:, 5] = 0
+        return dets
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from .boxes import cxcywh_to_xyxy
 
@@ -101,3 +103,47 @@ def end2end_detections(preds: torch.Tensor, exported: dict, conf: float, iou: fl
             keep &= torch.isin(p[:, 5].long(), torch.as_tensor(list(classes), device=p.device))
         results.append(p[keep][:max_det])
     return results
+
+
+# Test-time augmentation (predict / val augment=True), as Ultralytics runs it: the image at three scales, the second one
+# flipped left-right; each pass's boxes mapped back to the input and the passes joined before NMS.
+TTA_SCALES = (1.0, 0.83, 0.67)
+TTA_FLIPS = (False, True, False)  # left-right flip of each pass
+TTA_PAD = 0.447  # the grey the smaller passes are padded with to a multiple of the largest stride (Ultralytics' value)
+
+
+def scale_image(x: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
+    """(B, C, H, W) resized by `ratio` (bilinear), padded on the right and bottom up to multiples of `stride`."""
+    if ratio == 1.0:
+        return x
+    h, w = x.shape[-2:]
+    size = (int(h * ratio), int(w * ratio))
+    resized = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    ph, pw = (math.ceil(v * ratio / stride) * stride for v in (h, w))
+    return F.pad(resized, [0, pw - size[1], 0, ph - size[0]], value=TTA_PAD)
+
+
+def augmented_predictions(forward, x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    """Decoded predictions (B, A', 4 + 1 + nc) of `forward` over the TTA passes of `x`, in x's pixels, joined along the
+    anchors. forward(image) -> (B, A, 4 + 1 + nc) with the anchors of the levels of `strides` in that order (row-major
+    grids). The full-size pass drops its coarsest level (large objects are seen by the smaller passes) and the smallest
+    pass its finest level (small objects are seen at full size), as Ultralytics' test-time augmentation does."""
+    w = x.shape[-1]
+    strides = [int(s) for s in strides]
+    passes = []
+    for ratio, flip in zip(TTA_SCALES, TTA_FLIPS, strict=True):
+        xi = scale_image(x.flip(-1) if flip else x, ratio, max(strides))
+        p = torch.as_tensor(forward(xi)).float().clone()
+        counts = [(xi.shape[-2] // s) * (xi.shape[-1] // s) for s in strides]
+        if p.shape[1] != sum(counts):
+            raise ValueError(f"augment=True: the model gave {p.shape[1]} predictions for a {tuple(xi.shape[-2:])} input, not one "
+                             f"per cell of its levels (strides {strides}: {sum(counts)})")
+        if ratio == TTA_SCALES[0]:
+            p = p[:, : sum(counts[:-1])]
+        elif ratio == TTA_SCALES[-1]:
+            p = p[:, counts[0]:]
+        p[..., :4] /= ratio
+        if flip:
+            p[..., 0] = w - p[..., 0]
+        passes.append(p)
+    return torch.cat(passes, 1)

@@ -28,7 +28,7 @@ from yolo_cb.config import Config, get_config
 from yolo_cb.data.transforms import letterbox
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import ConfigError
-from yolo_cb.nn.postprocess import postprocess, scale_boxes
+from yolo_cb.nn.postprocess import augmented_predictions, postprocess, scale_boxes
 from yolo_cb.prediction.backend import Backend, load_backend
 from yolo_cb.prediction.results import Results
 from yolo_cb.prediction.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
@@ -49,6 +49,21 @@ def preprocess(img: np.ndarray, imgsz: int | tuple[int, int], auto: bool = False
     boxed, ratio, pad = letterbox(img, new_shape=shape, auto=auto, stride=stride)
     tensor = torch.from_numpy(np.ascontiguousarray(boxed[..., ::-1].transpose(2, 0, 1))).float().div_(255.0)
     return tensor, (ratio, tuple(pad))
+
+
+def level_strides(backend: Backend) -> tuple[int, ...]:
+    """The output levels' strides of a PyTorch backend's model, for augment=True; other backends are refused (an export
+    runs one fixed graph, where Ultralytics ignores augment= silently)."""
+    strides = getattr(getattr(backend, "model", None), "strides", None)
+    if getattr(backend, "kind", None) != "pytorch" or not strides:
+        raise ConfigError(f"augment=True (test-time augmentation) needs a PyTorch model (.pt, a model YAML loaded with weights); "
+                          f"{backend.path or type(backend).__name__} is a {getattr(backend, 'kind', 'other')} model: drop augment=")
+    return tuple(int(s) for s in strides)
+
+
+def tta_predictions(backend: Backend, x: torch.Tensor) -> torch.Tensor:
+    """backend's decoded predictions of x over the test-time augmentation passes (yolo_cb.nn.postprocess), joined."""
+    return augmented_predictions(backend, x, level_strides(backend))
 
 
 def term_as_exit() -> Any:
@@ -126,6 +141,8 @@ class Predictor:
         if source is None:
             raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
         backend = self.setup_model(model)
+        if self.args.augment:
+            level_strides(backend)  # a model that cannot take other input sizes: refused before any work
         self.source = source
         items = expand(source)
         if isinstance(items, list):
@@ -162,7 +179,7 @@ class Predictor:
         tensors, ratio_pads = zip(*(self.prepare(f.image, backend) for f in batch), strict=True)
         x = torch.stack(tensors).to(backend.device)
         t1 = time.perf_counter()
-        preds = backend(x)
+        preds = tta_predictions(backend, x) if self.args.augment else backend(x)
         t2 = time.perf_counter()
         self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
         t3 = time.perf_counter()

@@ -14,6 +14,20 @@ from yolo_cb.utils.log import LOGGER, printable
 
 SUMMARY_COLUMNS = ["name", "class", "confidence", "box"]  # Results.to_df() / to_csv(): Ultralytics' columns, box a dict x1..y2
 
+# Ultralytics' Results.plot() arguments yolo-cb does not take: each named in one error rather than silently ignored
+ULTRALYTICS_PLOT_ONLY = {"font": "the font is OpenCV's", "im_gpu": "drawing is on the CPU image", "kpt_radius": "no keypoints",
+                         "kpt_line": "no keypoints", "boxes": "boxes are always drawn", "masks": "no masks", "probs": "no class probabilities",
+                         "show": "call r.show()", "txt_color": "the text colour follows the box colour"}
+
+
+def refuse_plot_arguments(unsupported: dict) -> None:
+    """One line naming every plot() argument given that yolo-cb does not take (Ultralytics' with the reason)."""
+    if unsupported:
+        named = ", ".join(f"{k} ({ULTRALYTICS_PLOT_ONLY[k]})" if k in ULTRALYTICS_PLOT_ONLY else f"{k} (not a plot argument)" for k in unsupported)
+        raise TypeError(f"Results.plot() does not take: {named}; it takes line_width, labels, conf, img, pil, save, filename, "
+                        f"font_size, color_mode")
+
+
 class Boxes:
     """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels.
 
@@ -192,11 +206,14 @@ class Results:
         Image.fromarray(self.plot(**plot_kwargs)[..., ::-1]).show()
 
     def plot(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None,
-             pil: bool = False, save: bool = False, filename: str | Path | None = None):
+             pil: bool = False, save: bool = False, filename: str | Path | None = None, *, font_size: float | None = None,
+             color_mode: str = "class", **unsupported):
         """A copy of the original image (BGR array) with each box, its class name and score drawn in the class colour.
 
-        pil=True returns a PIL.Image (RGB) instead; save=True also writes it to `filename` (default results_<image name>)."""
-        canvas = self._draw(line_width, labels, conf, img)
+        pil=True returns a PIL.Image (RGB) instead; save=True also writes it to `filename` (default results_<image name>).
+        font_size: the label text's size in pixels (default: scaled to the line width); color_mode: "class" (a colour per
+        class) or "instance" (a colour per detection), as Ultralytics. Its other plot arguments are refused by name."""
+        canvas = self._draw(line_width, labels, conf, img, font_size=font_size, color_mode=color_mode, **unsupported)
         if save:
             self._write(canvas, filename)
         if pil:
@@ -205,9 +222,12 @@ class Results:
             return Image.fromarray(np.ascontiguousarray(canvas[..., ::-1]))
         return canvas
 
-    def _draw(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None) -> np.ndarray:
+    def _draw(self, line_width: int | None = None, labels: bool = True, conf: bool = True, img: np.ndarray | None = None, *,
+              font_size: float | None = None, color_mode: str = "class", **unsupported) -> np.ndarray:
+        refuse_plot_arguments(unsupported)
         canvas = np.ascontiguousarray((img if img is not None else self.orig_img).copy())
-        return draw_detections(canvas, self.boxes._tensor().cpu().tolist(), self.names, line_width, labels, conf)
+        return draw_detections(canvas, self.boxes._tensor().cpu().tolist(), self.names, line_width, labels, conf, font_size=font_size,
+                               color_mode=color_mode)
 
     def default_filename(self) -> str:
         """results_<image name> (a video frame: results_<stem>_<frame>.jpg), Ultralytics' name for save() without one."""
@@ -225,7 +245,7 @@ class Results:
 
     def save(self, filename: str | Path | None = None, **plot_kwargs) -> str:
         """Write plot(**plot_kwargs) to `filename` (default: results_<image name> in the working directory, as Ultralytics);
-        returns the path. plot_kwargs: line_width, labels, conf, img."""
+        returns the path. plot_kwargs: line_width, labels, conf, img, font_size, color_mode."""
         return self._write(self._draw(**plot_kwargs), filename)
 
     def save_crop(self, save_dir: str | Path, file_name: str | Path = "im.jpg") -> list[str]:

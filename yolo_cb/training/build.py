@@ -21,6 +21,7 @@ from yolo_cb.config import Config, load_defaults
 from yolo_cb.data.check import training_summary
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
+from yolo_cb.data.resolve import single_class
 from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation.val_sets import extra_sets, placeholder_keys
 from yolo_cb.nn import build_model as build
@@ -77,7 +78,7 @@ def check_data(args: Config, rank: int) -> dict:
     data = resolve(args.data or "shapes.yaml", args.datasets_dir)
     if rank == 0:
         distributed.barrier()
-    return data
+    return single_class(data) if args.single_cls else data
 
 
 def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict, device: torch.device, verbose: bool) -> torch.nn.Module:
@@ -89,6 +90,9 @@ def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict,
         cfg = resume_ckpt.model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
         init_ckpt = load_checkpoint(source)
+        cfg = init_ckpt.model_cfg
+    elif isinstance(source, torch.nn.Module):  # YOLO(yaml).load(weights).train(): the facade's in-memory model is the start
+        init_ckpt = Checkpoint(model=dict(source.state_dict()), model_cfg=dict(source.cfg), names=dict(source.names))
         cfg = init_ckpt.model_cfg
     else:
         cfg = source
@@ -137,7 +141,7 @@ class Loaders:
 
 
 def build_loaders(args: Config, data: dict, rank: int, is_main: bool) -> Loaders:
-    stride, names = 32, data["names"]
+    stride, names = 32, data.get("label_names", data["names"])  # single_cls: the YAML's, by which labels are checked
     if rank > 0:
         distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
     train_set = build_yolo_dataset(args, data["train"], "train", names, stride=stride, batch=args.batch, write_caches=is_main)

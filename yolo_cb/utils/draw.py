@@ -25,22 +25,31 @@ _PALETTE_HEX = ("FF3838", "FF9D97", "FF701F", "FFB21D", "CFD231", "48F90A", "92C
 PALETTE_BGR = tuple((int(h[4:6], 16), int(h[2:4], 16), int(h[0:2], 16)) for h in _PALETTE_HEX)
 
 
+COLOR_MODES = ("class", "instance")  # Results.plot(color_mode=): a colour per class, or per detection (Ultralytics' choices)
+FONT_PX_PER_SCALE = 30  # a PIL font of size s has capitals about 0.72 s high; OpenCV's simplex font at scale 1, 22 px
+
+
 def class_color(cls: int) -> tuple[int, int, int]:
     """The BGR colour of class `cls`."""
     return PALETTE_BGR[int(cls) % len(PALETTE_BGR)]
 
 
 def draw_detections(canvas: np.ndarray, rows: Sequence[Sequence[float]], names: dict[int, str], line_width: int | None = None,
-                    labels: bool = True, conf: bool = True) -> np.ndarray:
+                    labels: bool = True, conf: bool = True, font_size: float | None = None, color_mode: str = "class") -> np.ndarray:
     """Draw `rows` [x1, y1, x2, y2, score, cls] (pixels) onto BGR `canvas` in place: each box, its class name and
-    score in the class colour; returns the canvas."""
+    score in the class colour (color_mode="instance": the i-th row's colour of the palette); returns the canvas.
+    font_size: the text's size in pixels, as a PIL font size (default: from the line width)."""
     import cv2
 
+    if color_mode not in COLOR_MODES:
+        raise ValueError(f"invalid color_mode {color_mode!r}: give one of {', '.join(COLOR_MODES)}")
+    if font_size is not None and not (isinstance(font_size, (int, float)) and font_size > 0):
+        raise ValueError(f"invalid font_size {font_size!r}: give the text size in pixels, a number > 0")
     lw = line_width or max(round(sum(canvas.shape[:2]) / 2 * 0.003), 2)
-    font_scale = lw / 3
+    font_scale = lw / 3 if font_size is None else font_size / FONT_PX_PER_SCALE
     thickness = max(lw - 1, 1)
-    for x1, y1, x2, y2, score, cls in rows:
-        color = class_color(int(cls))
+    for i, (x1, y1, x2, y2, score, cls) in enumerate(rows):
+        color = class_color(int(cls) if color_mode == "class" else i)
         p1, p2 = (int(round(x1)), int(round(y1))), (int(round(x2)), int(round(y2)))
         cv2.rectangle(canvas, p1, p2, color, lw, cv2.LINE_AA)
         if not labels:
