@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
-    ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.user_settings", "yolo_cb.ultralytics_keys", "yolo_cb.config"),  # the settings: parsed, typed, checked; Ultralytics' keys we do not have
+    ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.settings_types", "yolo_cb.user_settings", "yolo_cb.ultralytics_keys", "yolo_cb.config"),  # the settings: parsed, typed, checked; Ultralytics' keys we do not have
     ("yolo_cb.checkpoints",),  # our checkpoint format (typed, atomic, weights_only) and the official weights
     ("yolo_cb.recipe",),  # the training recipe's parts: optimizer groups, EMA, freezing, the monitored metric, stop causes
     ("yolo_cb.prediction",),  # model files of every format as backends, sources, the predictor and its Results

@@ -31,6 +31,7 @@ from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import level_strides, tta_predictions
 from yolo_cb.recipe.stop import refuse_foreign_stop_flag
 from yolo_cb.utils import plotting
+from yolo_cb.utils.device import restore_train_flags, synchronize, train_flags
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER, printable
@@ -39,21 +40,6 @@ VAL_CONF = 0.001  # default confidence threshold for validation (low, so the PR 
 VAL_MULTI_LABEL = True  # a box is a candidate under every class it scores above conf (Ultralytics' and YOLOv5's val)
 SCORE_DECIMALS = 5  # scores are rounded like in predictions.json, so COCOeval on the json sees the same ranking
 MAX_CONFUSION_CLASSES = 1000  # past this the (nc+1)^2 confusion matrix (8 MB at 1000; 74.5 GiB at 100000) is not kept
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _modes(module) -> dict:
-    """Each submodule's train/eval flag, to restore exactly after validation."""
-    return {m: m.training for m in module.modules()}
-
-
-def _restore(modes: dict) -> None:
-    for m, training in modes.items():
-        m.training = training
 
 
 class Validator:
@@ -122,7 +108,7 @@ class Validator:
         self.data = trainer.data
         self.names = {int(k): str(v) for k, v in trainer.data["names"].items()}
         self.save_dir = Path(trainer.save_dir) if getattr(trainer, "save_dir", None) else self.save_dir
-        self._modes = _modes(model)
+        self._modes = train_flags(model)
         model.eval()
         return model
 
@@ -137,7 +123,7 @@ class Validator:
         if model is None or model == "":
             raise ValueError("Validator needs a model: pass model=... (a .pt / .onnx / .torchscript file or an nn.Module)")
         if isinstance(model, nn.Module):
-            self._modes = _modes(model)
+            self._modes = train_flags(model)
             model.eval()
         backend = load_backend(model, device=args.device, fp16=bool(args.half))
         if args.augment:
@@ -204,7 +190,7 @@ class Validator:
             self.model = model
             n_batches, loss_sums, times = self._run(model)
         finally:
-            _restore(self._modes)
+            restore_train_flags(self._modes)
             if own_loader:
                 close_loaders(self.dataloader)
         self.speed = {k: 1000 * v / max(self.seen, 1) for k, v in times.items()}
@@ -237,7 +223,7 @@ class Validator:
                 self.run_callbacks("on_val_batch_start")
                 t0 = time.perf_counter()
                 img = batch["img"].to(self.device, non_blocking=True).float() / 255
-                _sync(self.device)
+                synchronize(self.device)
                 t1 = time.perf_counter()
                 if self.training:
                     preds, losses = self._forward_with_loss(model, img, batch["targets"].to(self.device))
@@ -248,7 +234,7 @@ class Validator:
                     preds = tta_predictions(model, img)
                 else:
                     preds = self._infer(model, img)
-                _sync(self.device)
+                synchronize(self.device)
                 t2 = time.perf_counter()
                 self.preds = self.postprocess(preds)
                 self.update_metrics(self.preds, batch)

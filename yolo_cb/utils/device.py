@@ -33,3 +33,19 @@ def select_device(device: Any = "cpu") -> torch.device:
                               f"{', '.join(map(str, range(torch.cuda.device_count())))})")
         return torch.device(f"cuda:{first}")
     raise ConfigError(f"device={device!r} is not a device; use cpu, a CUDA index (0, 0,1, cuda:0) or mps")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so that a timing covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_flags(module: torch.nn.Module) -> dict:
+    """Each submodule's train/eval flag, to restore exactly after an evaluation."""
+    return {m: m.training for m in module.modules()}
+
+
+def restore_train_flags(flags: dict) -> None:
+    for m, training in flags.items():
+        m.training = training
