@@ -214,8 +214,8 @@ class YOLO(ModelHabits):
     def _train_ddp(self, args, trainer_class: type, source: Any, resuming, loaded: nn.Module | None = None) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
         if loaded is not None:
-            raise ConfigError(f"a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
-                              f"workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
+            raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
+                              "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
         if trainer_class is not Trainer:
             raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
