@@ -213,3 +213,38 @@ def test_get_default_callbacks_from_the_callbacks_package(trained, tmp_path):
     assert ends == [trainer.best] and Path(trainer.best).is_file()
     built_in = {type(e.owner).__name__ for e in trainer.callbacks.entries("on_model_save")}
     assert "Checkpoint" in built_in  # the trainer added its own built-ins around them
+
+
+# --- 6. the validator's loop state, read from callbacks as Ultralytics' docs do ----------------------------------------------
+def test_validator_loop_state_read_from_callbacks(trained, tmp_path):
+    model = YOLO(trained["weights"])
+    model.val(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"), name="first")  # a previous validation
+    seen = {"batches": []}
+
+    def on_val_start(v):
+        seen.update(start_metrics=dict(v.metrics), batches_total=len(v.dataloader), data=v.args.data, save_dir=v.save_dir)
+
+    def on_val_batch_end(v):
+        tp = v.stats["tp"]
+        seen["batches"].append({"batch_i": v.batch_i, "seen": v.seen, "images": len(tp), "same": v.metrics.stats is v.stats,
+                                "tp_columns": {t.shape[1] for t in tp}, "conf": sum(len(c) for c in v.stats["conf"]),
+                                "preds": sum(len(p) for p in v.preds), "keys": list(v.stats.keys()), "so_far": v.get_stats()})
+
+    def on_val_end(v):
+        seen.update(end=v.get_stats(), metrics=v.metrics.results_dict)
+
+    for event, fn in (("on_val_start", on_val_start), ("on_val_batch_end", on_val_batch_end), ("on_val_end", on_val_end)):
+        model.add_callback(event, fn)
+    model.val(imgsz=64, batch=8, workers=0, plots=False, project=str(tmp_path / "v"), name="second", conf=CONF)
+
+    assert seen["start_metrics"] == {} and seen["batches_total"] == 2 and seen["data"] == trained["data"]  # this validation's
+    assert Path(seen["save_dir"]).name == "second"
+    assert [(b["batch_i"], b["seen"], b["images"]) for b in seen["batches"]] == [(0, 8, 8), (1, 16, 16)]
+    for b in seen["batches"]:
+        assert b["same"] and b["tp_columns"] <= {10} and b["conf"] >= b["preds"] > 0  # IoU 0.50 ... 0.95, one row per detection
+        assert b["keys"] == ["tp", "conf", "pred_cls", "target_cls", "target_img"] and "metrics/mAP50-95(B)" in b["so_far"]
+    assert seen["end"] == pytest.approx(seen["metrics"], abs=1e-9)  # get_stats() over every image is the validation's metrics
+    from yolo_cb.evaluation.val_metrics import ImageStats
+
+    with pytest.raises(KeyError, match="Ultralytics' keys tp, conf"):
+        ImageStats(1)["boxes"]

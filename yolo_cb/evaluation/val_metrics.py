@@ -121,8 +121,9 @@ class DetectionMetrics(dict):
     """The metrics mapping (metric key -> float, as before) with Ultralytics' DetMetrics attributes; see the module doc."""
 
     def __init__(self, values: dict[str, float], det: DetMetrics | None = None, speed: dict[str, float] | None = None,
-                 names: dict[int, str] | None = None, confusion_matrix: Any = None):
+                 names: dict[int, str] | None = None, confusion_matrix: Any = None, stats: Any = None):
         super().__init__(values)
+        self.stats = stats  # the validation's per-image stats (an ImageStats; Ultralytics 8.4's metrics.stats); None without
         self.det_metrics = det
         self.confusion_matrix = confusion_matrix  # the validation's yolo_cb.metrics.ConfusionMatrix (.matrix); None without one
         self.box = BoxMetric(det, self)
@@ -207,3 +208,47 @@ class DetectionMetrics(dict):
 
     def __repr__(self) -> str:
         return f"DetectionMetrics({dict.__repr__(self)})"
+
+
+ULTRALYTICS_STATS = {"tp": "tp", "conf": "pred_scores", "pred_cls": "pred_cls", "target_cls": "gt_cls"}  # its key -> a record's
+
+
+class ImageStats(list):
+    """`validator.stats` (also `validator.metrics.stats` during a validation): one record per image validated so far (im_file,
+    ori_shape, pred_boxes, pred_scores, pred_cls, gt_boxes, gt_cls, and tp: each detection matched at IoU 0.50 ... 0.95),
+    that also reads as Ultralytics' dict of per-image lists: stats["tp"], ["conf"], ["pred_cls"], ["target_cls"],
+    ["target_img"] (the classes present), keys(), items()."""
+
+    def __init__(self, nc: int):
+        super().__init__()
+        self.nc = nc
+
+    def append(self, record: dict) -> None:
+        """Add one image's record, with its `tp` matrix (the COCO matching the metrics use, in the record's order)."""
+        record["tp"] = DetMetrics(self.nc).update(record["pred_boxes"], record["pred_scores"], record["pred_cls"], record["gt_boxes"],
+                                                  record["gt_cls"])
+        super().append(record)
+
+    def __getitem__(self, key):
+        if not isinstance(key, str):
+            return super().__getitem__(key)
+        if key == "target_img":
+            return [np.unique(r["gt_cls"]) for r in self]
+        if key not in ULTRALYTICS_STATS:
+            raise KeyError(f"{key!r}: validator.stats reads by Ultralytics' keys {', '.join(self.keys())}, or by image index")
+        return [r[ULTRALYTICS_STATS[key]] for r in self]
+
+    def keys(self) -> list[str]:
+        return [*ULTRALYTICS_STATS, "target_img"]
+
+    def items(self) -> list[tuple[str, list]]:
+        return [(k, self[k]) for k in self.keys()]
+
+
+def metrics_so_far(stats: ImageStats, names: dict[int, str]) -> DetectionMetrics:
+    """The metrics of the images in `stats` (Ultralytics' validator.get_stats() from a batch callback)."""
+    det = DetMetrics(len(names), names)
+    for i, r in enumerate(stats):
+        det.update(r["pred_boxes"], r["pred_scores"], r["pred_cls"], r["gt_boxes"], r["gt_cls"], key=i)
+    det.compute()
+    return DetectionMetrics(det.results_dict, det=det, names=names)

@@ -24,11 +24,11 @@ from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_load
 from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir, single_class
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.evaluation import coco_json, per_class
-from yolo_cb.evaluation.val_metrics import DetectionMetrics
+from yolo_cb.evaluation.val_metrics import DetectionMetrics, ImageStats, metrics_so_far
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.prediction.backend import load_backend
-from yolo_cb.prediction.predictor import level_strides, tta_predictions
+from yolo_cb.prediction.predictor import tta_predictions
 from yolo_cb.recipe.stop import refuse_foreign_stop_flag
 from yolo_cb.utils import plotting
 from yolo_cb.utils.device import restore_train_flags, synchronize, train_flags
@@ -63,7 +63,7 @@ class Validator:
         self.plots: dict[Path, dict] = {}  # plot file -> {"data": None, "timestamp": time}, as Ultralytics' validator.plots
         self.per_class: list[dict] = []
         self.speed: dict[str, float] = {}
-        self.stats: list[dict] = []
+        self.stats: ImageStats = ImageStats(0)  # per image validated so far (evaluation/val_metrics.py; Ultralytics' keys too)
         self.batch = None
         self.preds = None
         self.batch_i = 0
@@ -126,8 +126,6 @@ class Validator:
             self._modes = train_flags(model)
             model.eval()
         backend = load_backend(model, device=args.device, fp16=bool(args.half))
-        if args.augment:
-            level_strides(backend)  # an export cannot take the other sizes: refused at once
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
@@ -149,7 +147,7 @@ class Validator:
         if not args.data:
             raise ValueError("Validator needs a dataset: pass data=... (a dataset YAML)")
         self.data = check_data(args.data, args.datasets_dir)
-        label_names = self.data["names"]  # single_cls: the labels are checked against the YAML's classes, then made 'item'
+        label_names = self.data["names"]  # single_cls: labels are checked against the YAML's classes, then made 'item'
         self.data = single_class(self.data) if args.single_cls else self.data
         split = args.split or "val"
         yaml_file = self.data["yaml_file"]
@@ -208,7 +206,8 @@ class Validator:
         args = self.args
         self.conf = VAL_CONF if args.conf is None else float(args.conf)
         self.end2end = getattr(model, "end2end", None)  # an export with NMS in its graph: its iou and max_det
-        self.stats, self.jdict, self.coco_stats, self.seen = [], [], None, 0
+        self.stats, self.jdict, self.coco_stats, self.seen = ImageStats(self.nc), [], None, 0
+        self.metrics = DetectionMetrics({}, names=self.names, stats=self.stats)  # this validation's, filled at its end
         self.confusion_matrix = ConfusionMatrix(self.nc, names=self.names) if self.nc <= MAX_CONFUSION_CLASSES else None
         if self.confusion_matrix is None and not self.training:
             LOGGER.info(f"no confusion matrix: {self.nc} classes (it is kept for at most {MAX_CONFUSION_CLASSES}; (nc+1)^2 counts)")
@@ -230,10 +229,8 @@ class Validator:
                     for key in loss_sums:
                         value = losses.get(key, 0.0)
                         loss_sums[key] += float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
-                elif args.augment:  # standalone only, as Ultralytics: test-time augmentation (engine/predictor.py)
-                    preds = tta_predictions(model, img)
-                else:
-                    preds = self._infer(model, img)
+                else:  # augment=True (standalone only, as Ultralytics' val): test-time augmentation, prediction/predictor.py
+                    preds = tta_predictions(model, img) if args.augment else self._infer(model, img)
                 synchronize(self.device)
                 t2 = time.perf_counter()
                 self.preds = self.postprocess(preds)
@@ -271,12 +268,9 @@ class Validator:
     def postprocess(self, preds: torch.Tensor) -> list[torch.Tensor]:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
-        single = bool(self.args.single_cls)  # one class: class-agnostic NMS, every box of class 0 (as Ultralytics' val)
-        dets = postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms) or single,
-                           classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL and not single)
-        for det in dets if single else ():
-            det[:, 5] = 0
-        return dets
+        return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
+                           classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL,
+                           single_cls=bool(self.args.single_cls))
 
     def update_metrics(self, preds: list[torch.Tensor], batch: dict) -> None:
         """Map detections and labels of a batch back to original pixels; store them; update the confusion matrix."""
@@ -294,9 +288,8 @@ class Validator:
             pred_xyxy = scale_boxes(pred[:, :4], ratio_pad, ori_shape)
             if self.confusion_matrix is not None:
                 self.confusion_matrix.process_batch(torch.cat((pred_xyxy, pred[:, 4:6]), 1), gt_xyxy, gt_cls)
-            im_file = batch["im_files"][i]
-            self.stats.append({
-                "im_file": im_file,
+            self.stats.append({  # (ImageStats adds each detection's matches, "tp")
+                "im_file": batch["im_files"][i],
                 "ori_shape": tuple(int(v) for v in ori_shape),
                 "pred_boxes": xyxy2xywh(pred_xyxy),  # COCO xywh, original pixels, float64
                 "pred_scores": np.round(pred[:, 4].double().numpy(), SCORE_DECIMALS),
@@ -304,6 +297,10 @@ class Validator:
                 "gt_boxes": xyxy2xywh(gt_xyxy),
                 "gt_cls": gt_cls.numpy(),
             })
+
+    def get_stats(self) -> dict[str, float]:
+        """Ultralytics' get_stats(): the metric keys and fitness over the images validated so far (from a batch callback)."""
+        return metrics_so_far(self.stats, self.names).results_dict
 
     def finalize(self) -> None:
         """Image ids, COCO-exact AP, P/R, per-class rows and the metrics dict."""
@@ -316,7 +313,8 @@ class Validator:
         for s in self.stats:
             self.det_metrics.update(s["pred_boxes"], s["pred_scores"], s["pred_cls"], s["gt_boxes"], s["gt_cls"], key=s["image_id"])
         m = self.det_metrics.compute()
-        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix)
+        self.metrics = DetectionMetrics(m.results_dict, det=m, speed=self.speed, names=self.names, confusion_matrix=self.confusion_matrix,
+                                        stats=self.stats)
         self.metrics.save_dir = self.save_dir
         self.per_class = m.per_class
         self.fitness = m.fitness

@@ -22,6 +22,7 @@ def postprocess(
     classes: Sequence[int] | None = None,
     end2end: dict | None = None,
     multi_label: bool = False,
+    single_cls: bool = False,
 ) -> list[torch.Tensor]:
     """Per image, a (n, 6) tensor of [x1, y1, x2, y2, score, cls] sorted by score.
 
@@ -33,6 +34,7 @@ def postprocess(
     probability), not only for its best class; validation uses it, as Ultralytics' and YOLOv5's do (a box whose class
     is uncertain is counted under each class it might be, at that class's score).
     end2end: the {"iou", "max_det"} of a model exported with NMS in its graph (preds (B, max_det, 6)): see end2end_detections.
+    single_cls: every class is one (Ultralytics' val single_cls=True): one candidate per anchor, class-agnostic NMS, class 0.
     """
     from torchvision.ops import batched_nms  # its C++ kernel; imported here, not with the module (nn/boxes.py says why)
 
@@ -43,16 +45,16 @@ def postprocess(
         return end2end_detections(preds, end2end, conf, iou, max_det, agnostic, classes)
     results = []
     for p in preds:
-        boxes, score, class_id = _candidates(p.float(), conf, multi_label)
+        boxes, score, class_id = _candidates(p.float(), conf, multi_label and not single_cls)
         if classes is not None:
             keep = torch.isin(class_id, torch.as_tensor(list(classes), device=p.device))
             boxes, score, class_id = boxes[keep], score[keep], class_id[keep]
         if score.numel() > MAX_NMS_INPUT:
             top = score.topk(MAX_NMS_INPUT).indices
             boxes, score, class_id = boxes[top], score[top], class_id[top]
-        groups = torch.zeros_like(class_id) if agnostic else class_id
+        groups = torch.zeros_like(class_id) if agnostic or single_cls else class_id
         kept = batched_nms(boxes, score, groups, iou)[:max_det]  # sorted by decreasing score
-        results.append(torch.cat((boxes[kept], score[kept, None], class_id[kept, None].float()), dim=1))
+        results.append(torch.cat((boxes[kept], score[kept, None], (groups if single_cls else class_id)[kept, None].float()), dim=1))
     return results
 
 
