@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.integrations.mlflow import public_uri, safe_key
+from yolo_cb.integrations.mlflow import create_local_db, public_uri, safe_key
 from yolo_cb.launch import free_port
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
@@ -199,6 +199,30 @@ def test_local_store_without_a_server(tiny, monkeypatch):
     assert {"weights/best.pt", "weights/last.pt"} <= {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
     artifacts = Path(tiny["project"]) / "mlruns" / "artifacts"
     assert list(artifacts.rglob("best.pt"))  # artifacts beside the database, not in the cwd
+
+
+def test_local_database_is_made_complete_ahead_of_mlflow(tmp_path):
+    """The local store's database is made by yolo-cb (MLflow's migrations, unsynced, on a temp file linked into place):
+    MLflow finds every table at its installed schema, creates nothing, and works in it; no temp file is left."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _all_tables_exist, _verify_schema
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    assert create_local_db(db) is True
+    assert create_local_db(db) is False  # already there: left as it is
+    assert [p.name for p in db.parent.iterdir()] == ["mlflow.db"]
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    try:
+        assert _all_tables_exist(engine)
+        _verify_schema(engine)  # raises when the schema is not the installed MLflow's head revision
+    finally:
+        engine.dispose()
+    client = MlflowClient(f"sqlite:///{db}")
+    run = client.create_run(client.create_experiment("x", artifact_location=(tmp_path / "artifacts").as_uri())).info.run_id
+    client.log_metric(run, "fitness", 0.5, step=0)
+    assert [m.value for m in client.get_metric_history(run, "fitness")] == [0.5]
 
 
 @pytest.mark.slow

@@ -76,23 +76,41 @@ def test_roundtrip_figures():
 
 
 @pytest.mark.slow
-def test_passes_on_the_real_model(tiny, caplog):
+def test_passes_on_the_real_model(tiny, caplog, monkeypatch):
+    import onnxslim
+
+    slimmed = []  # the real onnxslim, counted: only best.pt's check simplifies (as `yolo-cb export`)
+    real_slim = onnxslim.slim
+    monkeypatch.setattr(onnxslim, "slim", lambda *a, **k: slimmed.append(1) or real_slim(*a, **k))
     caplog.set_level("INFO", logger="yolo_cb")
     before = leftovers()
-    YOLO("yolox-nano.yaml").train(**{**tiny, "onnx_check": True})
+    YOLO("yolox-nano.yaml").train(**{**tiny, "imgsz": 128, "onnx_check": True})  # the check image: scaled down to 64 px
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ONNX check")]
     assert [line.split(":")[0] for line in lines] == ["ONNX check (pretrain)", "ONNX check (best.pt)"]
-    for line in lines:
-        match = re.fullmatch(r"ONNX check \(.+\): difference (\S+) \(max abs (\S+)\) vs PyTorch — OK", line)
+    for line, how in zip(lines, ("64x64 image, not simplified", "64x64 image, simplified"), strict=True):
+        match = re.fullmatch(r"ONNX check \(.+\): difference (\S+) \(max abs (\S+)\) vs PyTorch — OK \((.+)\)", line)
         assert match, line
         assert float(match.group(1)) <= tiny.get("onnx_check_tol", 1e-3)
+        assert match.group(3) == how
+    assert len(slimmed) == 1
     assert leftovers() <= before
+
+
+def test_check_image_is_scaled_down_to_onnx_check_imgsz():
+    from yolo_cb.integrations.onnx_check import scaled_down
+
+    image = torch.rand(1, 3, 256, 320)
+    assert scaled_down(image, 64).shape[-2:] == (64, 64)  # 51.2 -> 64 (a multiple of 32), 64
+    assert scaled_down(image, 128).shape[-2:] == (96, 128)
+    assert scaled_down(image, 0) is image and scaled_down(image, 640) is image
+    small = scaled_down(image, 64)
+    assert 0 <= float(small.min()) and float(small.max()) <= 1
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hook, pattern", [
     (differs_when_traced, r"ONNX check \((pretrain|best\.pt)\): difference 0\.5\d* \(max abs \S+\) vs PyTorch — above "
-                          r"onnx_check_tol=0\.01: the ONNX model does NOT match PyTorch"),
+                          r"onnx_check_tol=0\.01: the ONNX model does NOT match PyTorch on a 64x64 image"),
     (not_exportable, r"ONNX check \((pretrain|best\.pt)\): the model cannot be exported to ONNX \(UnsupportedOperatorError: .*bessel_j0"),
 ], ids=["mismatch", "not-exportable"])
 def test_failed_check_warns_and_training_goes_on(tiny, caplog, monkeypatch, hook, pattern):

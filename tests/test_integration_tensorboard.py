@@ -39,3 +39,9 @@ def test_event_files_hold_scalars_graph_and_images(tiny):
     assert [e.step for e in acc.Images("val_batch0_pred")] == [0, 1]
     image = acc.Images("train_batch0")[0]
     assert image.width >= 320 and image.height >= 320
+    # stored as the visualisation file's own JPEG bytes (no decode, no PNG encoding), its size from the file's header
+    assert image.encoded_image_string == (run / "train_batch0.jpg").read_bytes()
+    from PIL import Image
+
+    with Image.open(run / "train_batch0.jpg") as jpeg:
+        assert (image.width, image.height) == jpeg.size

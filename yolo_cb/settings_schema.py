@@ -125,7 +125,7 @@ RULES: dict[str, Setting] = {
     "comet": _k("bool"), "clearml": _k("bool"), "raytune": _enum("auto", True, False, **RT), "dvc": _k("bool"),
     "onnx_check": _enum(True, False, "strict", **RT),
     "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
-    "onnx_check_tol": _k("positive", **R),
+    "onnx_check_tol": _k("positive", **R), "onnx_check_imgsz": _int(0, MAX_IMGSZ, multiple=32, **R),
     # datasets
     "datasets_dir": _k("text", **RT), "weights_dir": _k("any", **RT),
 }

@@ -272,6 +272,13 @@ class Callbacks:
                  "errors": len(e.errors), "first_errors": e.errors[:3], "enabled": e.enabled, "disabled_why": e.disabled_why}
                 for event in EVENTS for e in self._entries.get(event, [])]
 
+    def seconds_by_origin(self) -> dict[str, float]:
+        """Seconds spent in the callbacks so far, summed per origin ("default", "integration", "user", "yaml")."""
+        totals = dict.fromkeys(ORIGINS, 0.0)
+        for entry in self.entries():
+            totals[entry.origin] += entry.seconds
+        return totals
+
     def stats(self) -> list[dict]:
         """Per-callback timing, slowest total first."""
         rows = [{"event": r["event"], "callback": r["name"], "calls": r["calls"], "total_s": r["total_s"],

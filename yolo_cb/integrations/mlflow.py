@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from yolo_cb.callbacks.registry import integration
 from yolo_cb.integrations.tracking import refuse_unread
-from yolo_cb.utils.files import default_project
+from yolo_cb.utils.files import create_temp, default_project
 from yolo_cb.utils.log import LOGGER
 
 # Applied only around our own MLflow calls, and only when the user has not set them: fail in seconds, not minutes.
@@ -61,6 +61,49 @@ def local_store(project: str | None) -> tuple[str, str]:
     root = (Path(project) if project else default_project()).resolve() / "mlruns"
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
+
+
+def create_local_db(db: Path) -> bool:
+    """Create the local store's SQLite database `db` (MLflow's tables, migrated to the installed MLflow's schema) when it
+    is missing; True when this call created it.
+
+    MLflow would create it on first use through ~60 migrations, each statement a transaction synced to disk: 3-6 s on
+    2 CPU cores. Here the same migrations run on a temp file beside it with SQLite's syncing off (synchronous=OFF,
+    journal in memory), the finished file is synced once and linked into place only if no other process made one
+    meanwhile (os.link fails on an existing name), so a kill leaves no half-made store. A failure (e.g. another MLflow
+    version's internals) leaves the creation to MLflow itself."""
+    if db.exists():
+        return False
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    fd, tmp = create_temp(db.parent, f".{db.name}.", ".tmp")
+    os.close(fd)
+    try:
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}", poolclass=sqlalchemy.pool.NullPool)
+        sqlalchemy.event.listen(engine, "connect", _unsynced)
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.link(tmp, db)
+        return True
+    except FileExistsError:  # another process created it meanwhile: use theirs
+        return False
+    except Exception as error:
+        LOGGER.debug(f"MLflow: the store was not prepared ahead ({type(error).__name__}: {error}); MLflow creates it")
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _unsynced(connection, _record) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA synchronous=OFF")
+    cursor.execute("PRAGMA journal_mode=MEMORY")
+    cursor.close()
 
 
 def public_uri(uri: str) -> str:
@@ -166,6 +209,7 @@ class MLflow:
             uri = os.environ["MLFLOW_TRACKING_URI"]
         else:
             uri, artifact_root = local_store(trainer.args.project)
+            create_local_db(Path(uri.removeprefix("sqlite:///")))
         check_reachable(uri)
         client = MlflowClient(uri)
         if active is not None:

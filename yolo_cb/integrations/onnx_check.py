@@ -1,11 +1,16 @@
 """ONNX check (onnx_check=True|strict, onnx_check_tol): does the model still convert to ONNX faithfully?
 
 Twice per training: before the first epoch (on_pretrain_routine_end, the EMA/bare model) and on best.pt after the
-final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (same opset and
-simplification as `yolo-cb export`) in memory (no file), checked with onnx.checker, run in onnxruntime on a real
-image (the first validation image, letterboxed, float in [0, 1]) and every output compared with PyTorch:
+final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (the run's opset)
+in memory (no file), checked with onnx.checker, run in onnxruntime on a real image (the first validation image,
+letterboxed, scaled down to onnx_check_imgsz, float in [0, 1]) and every output compared with PyTorch. The best.pt
+check simplifies the graph as `yolo-cb export` does (simplify=); the pretrain check does not (what it exists to catch,
+an op that does not export or a traced graph that computes something else, happens before onnxslim):
 
-    ONNX check (pretrain): difference 2.1e-06 (max abs 2.1e-06) vs PyTorch — OK
+    ONNX check (pretrain): difference 2.1e-06 (max abs 2.1e-06) vs PyTorch — OK (64x64 image, not simplified)
+
+Measured on 2 CPU cores, YOLOCB-n: the check at imgsz 640 with onnxslim cost 2-9 s each time; at 64 px without onnxslim
+well under a second (the export traces the model at the check's size, and PyTorch's reference run is one forward).
 
 The difference is the export verification's (exporter.compare): absolute for values up to 1, relative above.
 A failed export or a difference above onnx_check_tol warns loudly (true) or raises (strict; the trainer
@@ -32,15 +37,16 @@ class OnnxCheckError(RuntimeError):
     """The model could not be exported to ONNX, or the ONNX model disagrees with PyTorch beyond onnx_check_tol."""
 
 
-def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True) -> dict[str, float]:
+def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True, copy_model: bool = True) -> dict[str, float]:
     """Export a fused eval copy of `model` to ONNX in memory, check it, run it in onnxruntime on `image` (B, 3, H, W)
-    float in [0, 1] and compare every output with PyTorch: {max_abs, max_rel, max_err} over all outputs. Export errors propagate."""
+    float in [0, 1] and compare every output with PyTorch: {max_abs, max_rel, max_err} over all outputs. Export errors
+    propagate. `copy_model=False` fuses and exports `model` itself (one nobody else uses: a model just loaded)."""
     import numpy as np
     import onnx
     import onnxruntime as ort
     import torch
 
-    module = copy.deepcopy(model).cpu().float().eval()
+    module = (copy.deepcopy(model) if copy_model else model).cpu().float().eval()
     for p in module.parameters():
         p.requires_grad_(False)
     if hasattr(module, "fuse"):
@@ -115,7 +121,7 @@ class OnnxCheck:
 
         self.image = self._image(trainer)
         model = trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
-        self.check(trainer, model, "pretrain")
+        self.check(trainer, model, "pretrain", simplify=False)
 
     def on_train_end(self, trainer):
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
@@ -124,15 +130,16 @@ class OnnxCheck:
 
         if self.image is None:
             self.image = self._image(trainer)
-        self.check(trainer, model_from_checkpoint(best), "best.pt")
+        self.check(trainer, model_from_checkpoint(best), "best.pt", simplify=bool(trainer.args.simplify), copy_model=False)
 
-    def check(self, trainer, model, stage: str) -> dict:
+    def check(self, trainer, model, stage: str, simplify: bool, copy_model: bool = True) -> dict:
         """Run the round trip; log the figures; warn, or raise OnnxCheckError when strict, on a failure."""
         args = trainer.args
         strict = self.strict if self.strict is not None else args.onnx_check == "strict"
         tol = float(self.tol if self.tol is not None else args.onnx_check_tol)
+        how = f"{self.image.shape[-2]}x{self.image.shape[-1]} image, {'simplified' if simplify else 'not simplified'}"
         try:
-            result = onnx_roundtrip(model, self.image, opset=int(args.opset), simplify=bool(args.simplify))
+            result = onnx_roundtrip(model, self.image, opset=int(args.opset), simplify=simplify, copy_model=copy_model)
         except Exception as error:
             self.results[stage] = {"error": f"{type(error).__name__}: {error}", "ok": False}
             message = (f"ONNX check ({stage}): the model cannot be exported to ONNX ({type(error).__name__}: {str(error).strip()[:500]}); "
@@ -140,13 +147,13 @@ class OnnxCheck:
             self._fail(message, strict, error)
             return self.results[stage]
         ok = result["max_err"] <= tol  # the export's rule: absolute for values up to 1, relative above
-        self.results[stage] = {**result, "ok": ok}
+        self.results[stage] = {**result, "ok": ok, "shape": tuple(self.image.shape[-2:]), "simplified": simplify}
         figures = f"difference {result['max_err']:.2g} (max abs {result['max_abs']:.2g}) vs PyTorch"
         if ok:
-            LOGGER.info(f"ONNX check ({stage}): {figures} — OK")
+            LOGGER.info(f"ONNX check ({stage}): {figures} — OK ({how})")
             return self.results[stage]
         message = (f"ONNX check ({stage}): {figures} — above onnx_check_tol={tol:g}: the ONNX model does NOT "
-                   f"match PyTorch (look for ops that behave differently when traced, or Python-side computations)")
+                   f"match PyTorch on a {how} (look for ops that behave differently when traced, or Python-side computations)")
         self._fail(message, strict, None)
         return self.results[stage]
 
@@ -158,12 +165,28 @@ class OnnxCheck:
 
     @staticmethod
     def _image(trainer):
-        """The first validation image as the loader prepares it (letterboxed), as float (1, 3, H, W) in [0, 1]."""
+        """The first validation image as the loader prepares it (letterboxed), scaled down to onnx_check_imgsz, as float
+        (1, 3, H, W) in [0, 1]."""
         import torch
 
+        side = int(getattr(trainer.args, "onnx_check_imgsz", 0) or 0)
         try:
-            return trainer.test_loader.dataset[0]["img"][None].float() / 255
-        except Exception as error:  # no usable validation image: a mid-grey image of the training size
+            image = trainer.test_loader.dataset[0]["img"][None].float() / 255
+        except Exception as error:  # no usable validation image: a mid-grey image of the check's size
             LOGGER.debug(f"ONNX check: no validation image ({error}); using a grey image")
-            size = int(trainer.args.imgsz)
+            size = side or int(trainer.args.imgsz)
             return torch.full((1, 3, size, size), 114 / 255)
+        return scaled_down(image, side)
+
+
+def scaled_down(image, side: int, stride: int = 32):
+    """`image` (B, 3, H, W) resized so that its longest side is `side` (each side a multiple of `stride`, at least one
+    stride); unchanged when `side` is 0 or the image is not larger."""
+    import torch.nn.functional as F
+
+    h, w = image.shape[-2:]
+    if not side or max(h, w) <= side:
+        return image
+    scale = side / max(h, w)
+    size = [max(stride, round(n * scale / stride) * stride) for n in (h, w)]
+    return F.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
