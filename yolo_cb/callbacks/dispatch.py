@@ -272,6 +272,17 @@ class Callbacks:
                  "errors": len(e.errors), "first_errors": e.errors[:3], "enabled": e.enabled, "disabled_why": e.disabled_why}
                 for event in EVENTS for e in self._entries.get(event, [])]
 
+    def closing_line(self, wall: float, record=None, top: int = 5) -> str:
+        """What yolo-cb's own callbacks (defaults and integrations) cost against `wall` seconds, yours, the slowest."""
+        spent = self.seconds_by_origin()
+        builtin, yours = spent["default"] + spent["integration"], spent["user"] + spent["yaml"]
+        share = f"{100 * builtin / wall:.1f}%" if wall > 0 else "-"
+        rows = [r for r in self.stats() if r["calls"]][:top]
+        return (f"callbacks: yolo-cb's own (defaults and integrations) {builtin:.2f}s = {share} of the training's {wall:.1f}s "
+                f"wall time, yours {yours:.2f}s; slowest: "
+                + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows)
+                + (f"; every callback's calls, times and errors, on every rank: {record}" if record else ""))
+
     def seconds_by_origin(self) -> dict[str, float]:
         """Seconds spent in the callbacks so far, summed per origin ("default", "integration", "user", "yaml")."""
         totals = dict.fromkeys(ORIGINS, 0.0)

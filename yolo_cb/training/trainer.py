@@ -387,17 +387,8 @@ class Trainer:
         if reason:
             self.request_stop(StopCause.EARLY_STOPPING, reason)
 
-    def _log_callback_stats(self, top: int = 5) -> None:
-        """The closing line: what yolo-cb's own callbacks (defaults and integrations) cost against the run's wall time, then
-        the slowest callbacks."""
-        if not self.is_main:
-            return
-        spent, wall = self.callbacks.seconds_by_origin(), self.elapsed
-        builtin, yours = spent["default"] + spent["integration"], spent["user"] + spent["yaml"]
-        share = f"{100 * builtin / wall:.1f}%" if wall > 0 else "-"
-        rows = [r for r in self.callbacks.stats() if r["calls"]][:top]
-        record = Path(self.save_dir) / "callbacks.json" if self.args.save and self.save_dir else None
-        LOGGER.info(f"callbacks: yolo-cb's own (defaults and integrations) {builtin:.2f}s = {share} of the training's {wall:.1f}s "
-                    f"wall time, yours {yours:.2f}s; slowest: "
-                    + "; ".join(f"{r['callback']} ({r['event']}) {r['total_s']:.2f}s/{r['calls']} calls" for r in rows)
-                    + (f"; every callback's calls, times and errors, on every rank: {record}" if record else ""))
+    def _log_callback_stats(self) -> None:
+        """The closing line: what yolo-cb's own callbacks cost against the run's wall time, then the slowest callbacks."""
+        if self.is_main:
+            record = Path(self.save_dir) / "callbacks.json" if self.args.save and self.save_dir else None
+            LOGGER.info(self.callbacks.closing_line(self.elapsed, record))
