@@ -98,6 +98,7 @@ on_pretrain_routine_end      lr_schedule            default      raise     all r
                              results_csv            default      raise     rank 0
                              stop_stage             integration  raise     all ranks
                              tensorboard            integration  disable   rank 0
+                             visualize              integration  disable   all ranks
 on_train_start               checkpoint             default      raise     rank 0
 on_train_epoch_start         progress               default      raise     rank 0
                              stage_switch           integration  raise     all ranks

@@ -69,14 +69,14 @@ def test_our_own_torchscript_exports_pass_the_check(tmp_path):
     from test_predict_hostile import tiny_checkpoint
 
     from yolo_cb import YOLO
-    from yolo_cb.checkpoints.checkpoint import save_checkpoint
+    from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
     from yolo_cb.nn import build_model
 
     yolox = tiny_checkpoint(tmp_path / "x.pt")
     cb = build_model("yolocb-n", nc=2, verbose=False)
     state = {k: v.clone() for k, v in cb.state_dict().items()}
-    yolocb = save_checkpoint({"model": state, "ema": state, "model_cfg": dict(cb.cfg), "names": {0: "a", 1: "b"},
-                              "train_args": {"imgsz": 64}, "epoch": 0}, tmp_path / "cb.pt")
+    yolocb = save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(cb.cfg), names={0: "a", 1: "b"},
+                                        train_args={"imgsz": 64}, epoch=0), tmp_path / "cb.pt")
     for weights in (yolox, yolocb):
         exported = YOLO(str(weights)).export(format="torchscript", imgsz=64)
         results = YOLO(str(exported)).predict(torch.zeros(1, 3, 64, 64), imgsz=64)
