@@ -84,7 +84,8 @@ def test_passes_on_the_real_model(tiny, caplog, monkeypatch):
     monkeypatch.setattr(onnxslim, "slim", lambda *a, **k: slimmed.append(1) or real_slim(*a, **k))
     caplog.set_level("INFO", logger="yolo_cb")
     before = leftovers()
-    YOLO("yolox-nano.yaml").train(**{**tiny, "imgsz": 128, "onnx_check": True})  # the check image: scaled down to 64 px
+    # the check image: scaled down to 64 px; best.pt checked too
+    YOLO("yolox-nano.yaml").train(**{**tiny, "imgsz": 128, "onnx_check": True, "onnx_check_best": True})
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ONNX check")]
     assert [line.split(":")[0] for line in lines] == ["ONNX check (pretrain)", "ONNX check (best.pt)"]
     for line, how in zip(lines, ("64x64 image, not simplified", "64x64 image, simplified"), strict=True):
@@ -94,6 +95,18 @@ def test_passes_on_the_real_model(tiny, caplog, monkeypatch):
         assert match.group(3) == how
     assert len(slimmed) == 1
     assert leftovers() <= before
+
+
+@pytest.mark.slow
+def test_checks_once_by_default(tiny, caplog, monkeypatch):
+    """Before training only (what it catches is in the architecture): no export of best.pt at the end."""
+    exported = []
+    real = OnnxCheck.check
+    monkeypatch.setattr(OnnxCheck, "check", lambda self, trainer, model, stage, **kw: exported.append(stage) or real(self, trainer, model, stage, **kw))
+    caplog.set_level("INFO", logger="yolo_cb")
+    YOLO("yolox-nano.yaml").train(**{**tiny, "fraction": 0.25, "onnx_check": True})
+    assert exported == ["pretrain"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("ONNX check")] == ["ONNX check (pretrain)"]
 
 
 def test_check_image_is_scaled_down_to_onnx_check_imgsz():
@@ -116,7 +129,7 @@ def test_check_image_is_scaled_down_to_onnx_check_imgsz():
 def test_failed_check_warns_and_training_goes_on(tiny, caplog, monkeypatch, hook, pattern):
     with_hook(monkeypatch, hook)
     fast = {"fraction": 0.25, "simplify": False}  # one batch; the check exports without onnxslim (not what is tested here)
-    metrics = YOLO("yolox-nano.yaml").train(**{**tiny, **fast, "onnx_check": True, "onnx_check_tol": 0.01})
+    metrics = YOLO("yolox-nano.yaml").train(**{**tiny, **fast, "onnx_check": True, "onnx_check_tol": 0.01, "onnx_check_best": True})
     assert "fitness" in metrics  # training went on
     found = warnings_with(caplog, "ONNX check")
     assert len(found) == 2, found  # pretrain and best.pt, one warning each

@@ -123,7 +123,7 @@ RULES: dict[str, Setting] = {
     # callbacks and integrations
     "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
     "comet": _k("bool"), "clearml": _k("bool"), "raytune": _enum("auto", True, False, **RT), "dvc": _k("bool"),
-    "onnx_check": _enum(True, False, "strict", **RT),
+    "onnx_check": _enum(True, False, "strict", **RT), "onnx_check_best": _k("bool", **R),
     "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
     "onnx_check_tol": _k("positive", **R), "onnx_check_imgsz": _int(0, MAX_IMGSZ, multiple=32, **R),
     # datasets

@@ -16,7 +16,7 @@ import torch
 
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.checkpoints.checkpoint import save_checkpoint, serialize_checkpoint
-from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.files import atomic_link, atomic_write_text
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.results_plot import plot_results
 
@@ -141,7 +141,8 @@ def read_results(path: Path) -> list[dict]:
 class Checkpoint:
     """last.pt every epoch (and every save_steps optimizer steps), best.pt when the monitored metric improves, epoch{N}.pt
     every save_period and after each epoch of save_epochs, top-k best_epoch{N}.pt by the monitored metric, initial.pt
-    before the first epoch (save_initial)."""
+    before the first epoch (save_initial). The epoch's checkpoint is serialized and written (fsync) once, as last.pt;
+    best.pt, epoch{N}.pt and best_epoch{N}.pt of that epoch are hard links of it (copies where links are not possible)."""
 
     # their on_model_save updates what the checkpoint stores: the next epoch's LR, the epoch's results row
     after = ("lr_schedule", "results_csv")
@@ -158,31 +159,36 @@ class Checkpoint:
         if not trainer.is_main or not trainer.args.save:
             return
         ckpt = serialize_checkpoint(trainer.checkpoint_dict())  # once, however many files it goes to
-        weights = trainer.wdir
-        save_checkpoint(ckpt, weights / "last.pt")
+        last = trainer.wdir / "last.pt"
+        save_checkpoint(ckpt, last)
+        copies = []  # the same bytes under other names: hard links of last.pt (written and synced once)
         if trainer.improved:
-            save_checkpoint(ckpt, weights / "best.pt")
+            copies.append("best.pt")
         period = trainer.args.save_period
         if (period > 0 and (trainer.epoch + 1) % period == 0) or trainer.epoch + 1 in (trainer.args.save_epochs or ()):
-            save_checkpoint(ckpt, weights / f"epoch{trainer.epoch + 1}.pt")
-        self._keep_topk(trainer, ckpt)
+            copies.append(f"epoch{trainer.epoch + 1}.pt")
+        if self._keep_topk(trainer):
+            copies.append(f"best_epoch{trainer.epoch + 1}.pt")
+        for name in copies:
+            atomic_link(last, trainer.wdir / name, ckpt)
 
     def on_train_batch_end(self, trainer):
         """save_steps: a mid-epoch last.pt (atomic), from which a resume continues after this batch."""
         if trainer.save_step_due and trainer.is_main and trainer.args.save:
             save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict()), trainer.wdir / "last.pt")
 
-    def _keep_topk(self, trainer, ckpt):
+    def _keep_topk(self, trainer) -> bool:
+        """Update the top-k list, deleting the files that left it; whether this epoch's best_epoch{N}.pt is to be written."""
         k = trainer.args.save_topk
         if k <= 0 or trainer.monitor_value is None or trainer.metrics_epoch != trainer.epoch:
-            return
+            return False
         self.topk.append((float(trainer.monitor_value), trainer.epoch + 1))
         self.topk.sort(key=lambda item: trainer.monitor.best_first(item[0]))
-        if (float(trainer.monitor_value), trainer.epoch + 1) in self.topk[:k]:
-            save_checkpoint(ckpt, trainer.wdir / f"best_epoch{trainer.epoch + 1}.pt")
+        kept = (float(trainer.monitor_value), trainer.epoch + 1) in self.topk[:k]
         for _, epoch in self.topk[k:]:
             (trainer.wdir / f"best_epoch{epoch}.pt").unlink(missing_ok=True)
         self.topk = self.topk[:k]
+        return kept
 
     def state_dict(self):
         return {"topk": [[f, e] for f, e in self.topk]}

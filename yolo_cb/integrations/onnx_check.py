@@ -1,7 +1,7 @@
 """ONNX check (onnx_check=True|strict, onnx_check_tol): does the model still convert to ONNX faithfully?
 
-Twice per training: before the first epoch (on_pretrain_routine_end, the EMA/bare model) and on best.pt after the
-final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (the run's opset)
+Before the first epoch (on_pretrain_routine_end, the EMA/bare model) and, with onnx_check_best=true, on best.pt after
+the final validation (on_train_end). Each time a fused eval copy is exported with the project's exporter (the run's opset)
 in memory (no file), checked with onnx.checker, run in onnxruntime on a real image (the first validation image,
 letterboxed, scaled down to onnx_check_imgsz, float in [0, 1]) and every output compared with PyTorch. The best.pt
 check simplifies the graph as `yolo-cb export` does (simplify=); the pretrain check does not (what it exists to catch,
@@ -10,7 +10,9 @@ an op that does not export or a traced graph that computes something else, happe
     ONNX check (pretrain): difference 2.1e-06 (max abs 2.1e-06) vs PyTorch — OK (64x64 image, not simplified)
 
 Measured on 2 CPU cores, YOLOCB-n: the check at imgsz 640 with onnxslim cost 2-9 s each time; at 64 px without onnxslim
-well under a second (the export traces the model at the check's size, and PyTorch's reference run is one forward).
+about a second (the export traces the model at the check's size, and PyTorch's reference run is one forward). Once by
+default (as SuperGradients' ModelConversionCheckCallback): what it catches is in the architecture, and best.pt's ONNX
+file is verified by `yolo-cb export` itself; onnx_check_best=true checks best.pt at the end too.
 
 The difference is the export verification's (exporter.compare): absolute for values up to 1, relative above.
 A failed export or a difference above onnx_check_tol warns loudly (true) or raises (strict; the trainer
@@ -108,10 +110,11 @@ def _flatten(output) -> list:
 @integration("onnx_check", enabled=lambda args: args.onnx_check in (True, "strict"),
              on_error=lambda args: "raise" if args.onnx_check == "strict" else "disable", requires={"onnxruntime": "pip install onnxruntime"})
 class OnnxCheck:
-    """Checks ONNX conversion before training and on best.pt (main process only); see the module docstring."""
+    """Checks ONNX conversion before training, and on best.pt with onnx_check_best (main process only); see the module docstring."""
 
-    def __init__(self, strict: bool | None = None, tol: float | None = None):
+    def __init__(self, strict: bool | None = None, tol: float | None = None, best: bool | None = None):
         self.strict, self.tol = strict, tol  # None: from the trainer's onnx_check / onnx_check_tol settings
+        self.best = best  # check best.pt at the end too; None: from the onnx_check_best setting
         self.image = None
         self.results: dict[str, dict] = {}  # stage -> {max_abs, max_rel, ok} or {error, ok}
 
@@ -125,7 +128,8 @@ class OnnxCheck:
 
     def on_train_end(self, trainer):
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
-        if not trainer.is_main or best is None or not best.is_file():
+        wanted = self.best if self.best is not None else bool(getattr(trainer.args, "onnx_check_best", False))
+        if not (wanted and trainer.is_main) or best is None or not best.is_file():
             return
 
         if self.image is None:

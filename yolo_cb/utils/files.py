@@ -72,6 +72,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise converted from error
 
 
+def atomic_link(source: Path, path: Path, data: bytes) -> None:
+    """`path` as a hard link of `source`, a file just written with `data` (one write and fsync for two names), replacing
+    `path` atomically; where the filesystem has no hard links, `data` is written (atomic_write_bytes). Safe because
+    yolo-cb never writes a file in place: `source`'s name gets a new file at its next write, and `path` keeps these bytes."""
+    path = Path(path)
+    fd, tmp = create_temp(path.parent, f".{path.name}.", ".tmp")
+    os.close(fd)
+    os.unlink(tmp)  # a fresh random name for the link
+    try:
+        os.link(source, tmp, follow_symlinks=False)  # a link planted at `source` is linked as a link, never followed
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        atomic_write_bytes(path, data)
+
+
 def replaced_mode(path: Path) -> int | None:
     """The mode of the regular file `path` replaces, or None: a link at `path` is replaced, never followed, not even to read a mode."""
     try:

@@ -35,7 +35,9 @@ def plot_results(csv_path: Path) -> Path | None:
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(columns):]:
         ax.axis("off")
-    fig.tight_layout()
+    # fixed margins: tight_layout drew the whole figure once more to measure it (0.6 of the 1 s this plot took)
+    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.35 / fig.get_figheight(), top=1 - 0.3 / fig.get_figheight(),
+                        wspace=0.25, hspace=0.45)
     out = csv_path.with_name("results.png")
     buffer = io.BytesIO()  # then written atomically, as every file of a run: a link planted at the name is not followed
     fig.savefig(buffer, dpi=120, format="png")
