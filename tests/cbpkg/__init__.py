@@ -58,19 +58,26 @@ def stop_now(trainer):
 
 def kill_before_best(trainer):
     """on_pretrain_routine_start: SIGKILL this process at epoch $CBPKG_KILL_AT_EPOCH, after last.pt is written and
-    before best.pt is (the checkpoint callback's next save_checkpoint call); a no-op without the variable."""
+    before best.pt is (its next save_checkpoint or atomic_link call); a no-op without the variable."""
     if "CBPKG_KILL_AT_EPOCH" not in os.environ:
         return
     from yolo_cb.assembly import builtin
 
-    at, original = int(os.environ["CBPKG_KILL_AT_EPOCH"]), builtin.save_checkpoint
+    at, original, original_link = int(os.environ["CBPKG_KILL_AT_EPOCH"]), builtin.save_checkpoint, builtin.atomic_link
 
-    def save(ckpt, path):
+    def kill_at_best(path):
         if Path(path).name == "best.pt" and trainer.epoch == at and (Path(path).parent / "last.pt").is_file():
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def save(ckpt, path):
+        kill_at_best(path)
         return original(ckpt, path)
 
-    builtin.save_checkpoint = save
+    def link(source, path, data):  # best.pt of an epoch is a hard link of its last.pt
+        kill_at_best(path)
+        return original_link(source, path, data)
+
+    builtin.save_checkpoint, builtin.atomic_link = save, link
 
 
 def log_best_epoch(trainer):
