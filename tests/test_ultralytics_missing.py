@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from test_ultralytics_silent import assert_same_detections, boxes_of
 
 from yolo_cb import YOLO
 
@@ -32,16 +33,6 @@ def trained(tmp_path_factory, shapes_small_yaml):
     for p in val[:4]:
         shutil.copy(p, images / p.name)
     return {"weights": model.source, "images": images, "data": str(shapes_small_yaml), "root": root}
-
-
-def boxes_of(results) -> list[np.ndarray]:
-    return [np.asarray(r.numpy().boxes.data) for r in results]
-
-
-def assert_same_detections(a, b) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(boxes_of(a), boxes_of(b), strict=True):
-        assert x.shape == y.shape and np.allclose(x, y, atol=1e-3, rtol=1e-4)
 
 
 @pytest.fixture
