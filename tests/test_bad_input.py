@@ -122,7 +122,7 @@ def case_setup(name: str, tmp: Path, shapes_small_yaml: Path):
         mnt = tmp / "small"
         wrap = namespace_with_tmpfs(mnt, "size=128k")
         return ["train", f"data={data()}", f"project={mnt / 'runs'}", *QUICK_RUN], wrap, [str(mnt / "runs" / "train" / "weights"), "no space left",
-                                                                                        "on_model_save"]
+                                                                                        "last.pt"]
     if name == "unsafe_checkpoint":
         import argparse
 

@@ -71,7 +71,7 @@ def test_callbacks_json_records_every_callback(stopped_and_resumed):
     assert mine["calls"] == len(stopped_and_resumed["batches"]) > 0 and mine["calls_by_rank"] == {"0": mine["calls"]}
     assert mine["origin"] == "user" and mine["max_s"] >= mine["mean_s"] > 0 and mine["errors"] == 0 and mine["enabled"]
     assert rows[("on_fit_epoch_end", "history")]["calls"] == 2
-    assert rows[("on_model_save", "checkpoint")]["origin"] == "default" and rows[("on_model_save", "checkpoint")]["calls"] == 2
+    assert rows[("on_train_epoch_end", "progress")]["origin"] == "default" and rows[("on_train_epoch_end", "progress")]["calls"] == 2
     assert record["world_size"] == 1 and record["ranks_missing"] == []
     assert rows[("teardown", "progress")]["calls"] == 1  # rewritten at teardown, after the other teardown callbacks ran
 

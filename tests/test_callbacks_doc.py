@@ -81,12 +81,12 @@ def test_order_examples_place_the_callbacks_as_documented():
     model = YOLO("yolox-nano.yaml")
     (code,) = section_examples("Order")
     exec(compile(code, f"{DOC.name} Order example", "exec"), {"model": model, "torch": torch})  # noqa: S102 - the documented code
-    cb = build_trainer_callbacks(get_config({"mlflow": False, "tensorboard": False, "onnx_check": False}), model.callbacks)
+    cb = build_trainer_callbacks(get_config({"tensorboard": False, "onnx_check": False}), model.callbacks)
     assert [e.name for e in cb.entries("on_before_optimizer_step")] == ["clip", "grad_log"]
-    saving = [e.name for e in cb.entries("on_model_save")]
-    assert saving.index("notify") > saving.index("checkpoint")
+    epoch_end = [e.name for e in cb.entries("on_fit_epoch_end")]
+    assert epoch_end.index("notify") > epoch_end.index("mlflow")
     yaml_block = re.search(r"```yaml\n(.*?)```", section("Order"), re.S).group(1)
-    assert "on_fit_epoch_end: {call: mypkg.cbs:notify, name: notify, after: checkpoint}" in yaml_block
+    assert "on_fit_epoch_end: {call: mypkg.cbs:notify, name: notify, after: mlflow}" in yaml_block
 
 
 def test_strict_mode_example_registers_what_it_says():

@@ -185,9 +185,9 @@ def test_trainer_callbacks_defaults_then_integrations_then_user():
     user = Callbacks()
     user.add_callback("on_fit_epoch_end", print)
     cb = build_trainer_callbacks(args, user)
-    origins = [e.origin for e in cb.entries("on_fit_epoch_end") if e.name != "epoch_state"]  # epoch_state: after every other
+    origins = [e.origin for e in cb.entries("on_fit_epoch_end")]
     assert origins == sorted(origins, key=["default", "integration", "user", "yaml"].index)
-    assert [e.name for e in cb.entries("on_fit_epoch_end")][-3:] == ["print", "log_epoch", "epoch_state"]
+    assert [e.name for e in cb.entries("on_fit_epoch_end")][-2:] == ["print", "log_epoch"]
 
 
 def test_rank_zero_only(monkeypatch):
@@ -200,8 +200,13 @@ def test_rank_zero_only(monkeypatch):
     assert calls == [1]
 
 
-def test_default_callbacks_fire_in_their_declared_order():
-    cb = build_trainer_callbacks(get_config({"mlflow": False, "tensorboard": False, "onnx_check": False}))
-    names = [e.name for e in cb.entries("on_model_save")]
-    assert names.index("checkpoint") > max(names.index("results_csv"), names.index("lr_schedule")) and "early_stopping" not in names
-    assert names[-1] == "epoch_state"
+def test_the_recipe_is_no_callback_and_its_old_names_place_nothing():
+    """The LR schedule, results.csv and the checkpoint files are the loop's steps (called before on_model_save fires),
+    not callbacks; after= / before= naming the callbacks they once were is accepted and places nothing."""
+    user = Callbacks()
+    user.add_callback("on_model_save", print, after="checkpoint")
+    user.add_callback("on_fit_epoch_end", repr, before="results_csv")
+    cb = build_trainer_callbacks(get_config({"mlflow": False, "tensorboard": False, "onnx_check": False}), user)
+    every = {e.name for e in cb.entries()}
+    assert not every & {"checkpoint", "results_csv", "lr_schedule", "epoch_state", "early_stopping"}, every
+    assert [e.name for e in cb.entries("on_model_save")] == ["print"]

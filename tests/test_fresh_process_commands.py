@@ -29,7 +29,7 @@ def fresh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, says", [(["cfg"], "imgsz"), (["help"], "train"), (["version"], "."), (["settings"], "mlflow"),
-                                        (["callbacks", "mlflow=False"], "checkpoint"), (["checks"], "torch")],
+                                        (["callbacks", "mlflow=False"], "progress"), (["checks"], "torch")],
                          ids=["cfg", "help", "version", "settings", "callbacks", "checks"])
 def test_info_modes_as_first_commands(args, says, tmp_path):
     proc = fresh(*args, cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""The LR schedule callback: bit-identical to the former trainer's LRs by default (real trainings), each built-in schedule
+"""The LR schedule (a recipe part the loop calls by name): bit-identical to the former trainer's LRs by default (real trainings), each built-in schedule
 per step against its formula (the callback driven through the trainer's event order), user writes that stick, and
 the strict `lr_scheduler=` setting."""
 
@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from yolo_cb import YOLO
-from yolo_cb.assembly.lr_schedule import LRSchedule
 from yolo_cb.config import ConfigError, get_config
 from yolo_cb.recipe.optim import build_optimizer
+from yolo_cb.recipe.schedule import LRSchedule
 
 
 # --- the former trainer's formulas, written out here (not taken from the new code) --------------------------------------
@@ -78,27 +78,26 @@ def test_default_schedule_is_bit_identical_to_the_former_trainer(tiny, optimizer
     assert seen[0][2][0] == bias_start and len({e for e, _, _, _ in seen}) == epochs
 
 
-# --- each schedule per step, the callback driven in the trainer's event order -------------------------------------------
+# --- each schedule per step, called as the training loop calls it -------------------------------------------
 def drive(lr_scheduler, epochs=6, nb=4, warmup_epochs=1.0, metrics=None, lr0=0.01, optimizer="SGD", user=None, **settings):
-    """Fire the schedule's events as the trainer does; returns [(epoch, batch_i, [lr per group])] and the trainer."""
+    """Call the schedule as the training loop does; returns [(epoch, batch_i, [lr per group])] and a stand-in trainer
+    (its optimizer, metrics and schedule) that `user(trainer)` may change after each epoch's step."""
     args = get_config({"lr_scheduler": lr_scheduler, "warmup_epochs": warmup_epochs, "lr0": lr0, "epochs": epochs, **settings})
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     optim = build_optimizer(net, optimizer, lr0, args.momentum, args.weight_decay)
-    trainer = SimpleNamespace(args=args, optimizer=optim, epochs=epochs, start_epoch=0, epoch=0, batch_i=0, num_batches=nb,
-                              warmup_iters=max(round(warmup_epochs * nb), 100) if warmup_epochs > 0 else -1,
-                              warmup_bias_lr=args.warmup_bias_lr, momentum=args.momentum, metrics={}, metrics_epoch=None)
     schedule = LRSchedule()
-    schedule.on_pretrain_routine_end(trainer)
+    trainer = SimpleNamespace(args=args, optimizer=optim, epoch=0, metrics={}, lr_schedule=schedule)
+    warmup_iters = max(round(warmup_epochs * nb), 100) if warmup_epochs > 0 else -1
+    schedule.start(optim, args, epochs, 0, warmup_iters, args.warmup_bias_lr, args.momentum)
     seen = []
     for epoch in range(epochs):
         trainer.epoch = epoch
         for batch_i in range(nb):
-            trainer.batch_i = batch_i
-            schedule.on_train_batch_start(trainer)
+            schedule.warmup_batch(epoch, batch_i, nb)
             seen.append((epoch, batch_i, [g["lr"] for g in optim.param_groups]))
         if metrics is not None:
-            trainer.metrics, trainer.metrics_epoch = metrics(epoch), epoch
-        schedule.on_model_save(trainer)
+            trainer.metrics = metrics(epoch)
+        schedule.next_epoch(epoch, trainer.metrics, validated=metrics is not None)
         if user is not None:
             user(trainer)
     return seen, trainer
@@ -166,6 +165,23 @@ def test_a_user_write_sticks_and_the_schedule_continues_from_it():
     lf = former_lf(5, 0.01, False)
     per_epoch = [lrs[1] for e, b, lrs in seen if b == 0]
     assert per_epoch == pytest.approx([0.01 * lf(0), 0.01 * lf(1), 0.005 * lf(2), 0.005 * lf(3), 0.005 * lf(4)])
+
+
+def test_set_lr_is_the_control_and_sticks_per_group():
+    def set_group_1_after_epoch_2(trainer):
+        if trainer.epoch == 1:
+            trainer.lr_schedule.set_lr(0.004, group=1)
+    seen, trainer = drive("linear", epochs=5, warmup_epochs=0.0, user=set_group_1_after_epoch_2)
+    lf = former_lf(5, 0.01, False)
+    group_1 = [lrs[1] for e, b, lrs in seen if b == 0]
+    group_0 = [lrs[0] for e, b, lrs in seen if b == 0]
+    assert group_1 == pytest.approx([0.01 * lf(0), 0.01 * lf(1), 0.004, 0.004 * lf(3) / lf(2), 0.004 * lf(4) / lf(2)])
+    assert group_0 == pytest.approx([0.01 * lf(e) for e in range(5)])  # the other groups keep their schedule
+    for bad, words in [(float("nan"), "finite number"), (-1.0, "finite number"), (True, "finite number")]:
+        with pytest.raises(ValueError, match=words):
+            trainer.lr_schedule.set_lr(bad)
+    with pytest.raises(ValueError, match="scheduled group from 0 to 2"):
+        trainer.lr_schedule.set_lr(0.1, group=3)
 
 
 def test_lr_scheduler_setting_is_strict():

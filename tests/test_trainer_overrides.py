@@ -1,5 +1,5 @@
-"""Ultralytics' trainer steps a subclass overrides, called by name by the loop: build_optimizer and validate (they were
-refused before); the ones the loop never calls are still refused in one line."""
+"""Ultralytics' trainer steps a subclass overrides, called by name by the loop: build_optimizer, validate, save_metrics,
+save_model (they were refused before); the ones the loop never calls are still refused in one line."""
 
 from __future__ import annotations
 
@@ -54,6 +54,44 @@ def test_a_validate_override_sets_metrics_and_the_fitness_best_pt_follows(tiny):
         rows = list(csv.DictReader(f))
     assert [float(r["fitness"]) for r in rows] == [-1.0, -2.0] and "custom/half_map50" in rows[0]
     assert trainer.best_epoch == 0  # fitness -1 (epoch 0) beats -2 (epoch 1): best.pt follows validate()'s fitness
+
+
+class EveryEpochFileTrainer(Trainer):
+    """save_model() keeps a copy of each epoch's last.pt besides what the saver writes; save_metrics() adds a column."""
+
+    saved_before_on_model_save: list = []
+
+    def save_model(self):
+        super().save_model()
+        (self.wdir / f"mine{self.epoch + 1}.pt").write_bytes((self.wdir / "last.pt").read_bytes())
+
+    def save_metrics(self, metrics):
+        super().save_metrics({**metrics, "custom/epoch_squared": (self.epoch + 1) ** 2})
+
+
+class NoFilesTrainer(Trainer):
+    """save_model() that writes nothing: the run keeps no checkpoint files."""
+
+    def save_model(self):
+        pass
+
+
+def test_save_model_and_save_metrics_overrides_are_called_before_on_model_save(tiny):
+    seen = []
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_model_save", lambda t: seen.append(sorted(p.name for p in t.wdir.glob("mine*.pt"))))
+    model.train(**{**tiny, "epochs": 2}, trainer=EveryEpochFileTrainer)
+    wdir = Path(model.trainer.save_dir) / "weights"
+    assert seen == [["mine1.pt"], ["mine1.pt", "mine2.pt"]]  # written before on_model_save fired, each epoch
+    assert torch.load(wdir / "mine1.pt", weights_only=True)["epoch"] == 0
+    with open(Path(model.trainer.save_dir) / "results.csv", newline="") as f:
+        assert [r["custom/epoch_squared"] for r in csv.DictReader(f)] == ["1", "4"]
+
+
+def test_a_save_model_override_that_writes_nothing_leaves_no_checkpoint(tiny):
+    model = YOLO("yolox-nano.yaml")
+    model.train(**{**tiny, "epochs": 1, "val": False}, trainer=NoFilesTrainer)
+    assert not list((Path(model.trainer.save_dir) / "weights").glob("*.pt"))
 
 
 def test_a_hook_the_loop_never_calls_is_still_refused(tiny):

@@ -202,8 +202,8 @@ def test_get_default_callbacks_from_the_callbacks_package(trained, tmp_path):
                                           "name": "direct"}, _callbacks=callbacks)
     trainer.train()
     assert ends == [trainer.best] and Path(trainer.best).is_file()
-    built_in = {type(e.owner).__name__ for e in trainer.callbacks.entries("on_model_save")}
-    assert "Checkpoint" in built_in  # the trainer added its own built-ins around them
+    built_in = {type(e.owner).__name__ for e in trainer.callbacks.entries("on_train_epoch_end")}
+    assert "Progress" in built_in  # the trainer added its own built-ins around them
 
 
 # --- 6. the validator's loop state, read from callbacks as Ultralytics' docs do ----------------------------------------------

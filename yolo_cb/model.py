@@ -20,6 +20,7 @@ from torch import nn
 
 from yolo_cb import paths
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
+from yolo_cb.assembly.builtin import LOOP_STEPS
 from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
@@ -131,7 +132,7 @@ class YOLO(ModelHabits):
     def _engine_callbacks(self, args) -> Callbacks:
         callbacks = self.callbacks.copy()
         apply_specs(callbacks, args.callbacks)
-        callbacks.check_names(REGISTRY)
+        callbacks.check_names((*REGISTRY, *LOOP_STEPS))
         return callbacks
 
     # --- what Ultralytics' Model exposes -----------------------------------------------------

@@ -17,10 +17,10 @@ import importlib
 import importlib.util
 from typing import Any
 
-from yolo_cb.assembly.builtin import DEFAULTS
+from yolo_cb.assembly.builtin import DEFAULTS, LOOP_STEPS
 from yolo_cb.assembly.catalog import load_integrations, not_registered, registered_declarations
-from yolo_cb.assembly.lr_schedule import schedule_callback
 from yolo_cb.callbacks.dispatch import Callbacks
+from yolo_cb.callbacks.lr_settings import parsed
 from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, parse_specs
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
@@ -107,6 +107,12 @@ def add_integration_callbacks(instance: Any, args: Any = None) -> None:
         callbacks.add_callbacks(build_registered(name, {}), origin="integration", on_error=spec.policy(args), name=name)
 
 
+def schedule_callback(args: Any) -> Any:
+    """lr_scheduler=module:Class: an instance of your class, a callback that sets the LR instead of the loop's schedule."""
+    kind, _, params, target = parsed(args)  # lr_scheduler= as parsed when the settings were resolved
+    return target(**params) if kind == "class" else None
+
+
 def get_default_callbacks(args: Any = None) -> Callbacks:
     """Ultralytics' get_default_callbacks(): a Callbacks (a dict of live lists) holding the built-in defaults a trainer of
     `args` has (default: the default settings), without integrations or the user's."""
@@ -114,7 +120,7 @@ def get_default_callbacks(args: Any = None) -> Callbacks:
     callbacks = Callbacks()
     for name in DEFAULTS:
         obj = schedule_callback(args) if name == "lr_schedule" else build_registered(name)
-        if obj is not None:  # lr_scheduler=none: no callback owns the LR
+        if obj is not None:  # the loop's schedule, or none: no callback owns the LR
             callbacks.add_callbacks(obj, origin="default", name=name)
     return callbacks
 
@@ -128,7 +134,7 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
     if user is not None:
         callbacks.extend(user)
     apply_specs(callbacks, getattr(args, "callbacks", None))
-    callbacks.check_names(REGISTRY)
+    callbacks.check_names((*REGISTRY, *LOOP_STEPS))
     if getattr(args, "strict_callbacks", False):
         warn_foreign_events(callbacks)
     return callbacks

@@ -117,14 +117,14 @@ class Callbacks:
     def check_names(self, elsewhere: Iterable[str] = ()) -> None:
         """Every name in an after= / before= is a callback of this set, or in `elsewhere` (the registered names: a built-in
         this run leaves out, e.g. lr_schedule with lr_scheduler=none, is no error)."""
-        here = {e.name for e in self.entries()}
+        here, elsewhere = {e.name for e in self.entries()}, set(elsewhere)
         for event, entries in self._entries.items():
             for e in entries:
                 for other in (*e.after, *e.before):
                     if other not in here and other not in elsewhere and other != EVERY:
                         side = "after" if other in e.after else "before"
                         raise ConfigError(f"callback '{e.name}' ({event}) is declared {side}='{other}', but no callback has that "
-                                          f"name.{did_you_mean(other, here)} Callbacks of this run: {', '.join(sorted(here))}")
+                                          f"name.{did_you_mean(other, here | elsewhere)} Callbacks of this run: {', '.join(sorted(here))}")
 
     def set_callback(self, event: str, fn: Callable, **kwargs) -> Entry:
         """Replace every callback of `event` with `fn`."""

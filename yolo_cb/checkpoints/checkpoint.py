@@ -1,7 +1,7 @@
 """Checkpoints: plain dicts of tensors and primitives, written atomically, loaded with weights_only=True only.
 
 Keys: model, ema (state_dicts), optimizer, epoch, best_fitness, train_args, model_cfg, names,
-callbacks (callback states), rng (torch / numpy / python states), metrics, version, date; and for a safe
+callbacks (callback states), recipe (the loop's schedule, saver and results rows), rng (torch / numpy / python states), metrics, version, date; and for a safe
 resume: save_dir (the run folder, absolute), best_epoch and last_is_best (which epoch best.pt holds, and
 whether these weights are it), finished (the run ended), data_fingerprint (data YAML, image counts, names); and
 tensors_crc32, the checksum every load verifies; format_version (FORMAT_VERSION). In memory a checkpoint is a
@@ -66,6 +66,7 @@ class Checkpoint:
     model_cfg: dict = field(default_factory=dict)  # the architecture record (family, depth, width, nc, ...)
     names: dict = field(default_factory=dict)  # class index -> name
     callbacks: dict = field(default_factory=dict)  # the callbacks' states, by callback
+    recipe: dict = field(default_factory=dict)  # the loop's recipe parts' states (lr_schedule, saver, results); older files: in callbacks
     rng: dict | None = None  # torch / numpy / python (/ cuda) RNG states of rank 0
     rank_rng: list | None = None  # under DDP: every rank's RNG states; None in a single process
     epoch_batches: int = 0  # batches of the next epoch already trained (a mid-epoch save); 0: at an epoch boundary

@@ -55,7 +55,6 @@ class Parts:
     extra_val: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (evaluation/val_sets.py)
     ddp_trainable: int = 0  # trainable tensors when the DDP wrapper was built (it all-reduces the gradients of those only)
     num_batches: int = 0
-    lr_schedule: Any = None  # the LR callback driving this run's schedule (it registers itself at on_pretrain_routine_end)
     compiled: Any = None  # compile=: torch.compile over `model` (the DDP wrapper under DDP), the forward the step calls; None = eager
 
 

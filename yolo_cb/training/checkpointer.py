@@ -1,6 +1,6 @@
 """What a checkpoint holds (`checkpoint_dict`), last.pt after an error or a signal, and best.pt validated at the end.
 
-The checkpoint callback (yolo_cb/assembly/builtin.py) decides when to write; this module says what is written.
+The saver (saver.py) decides which files and when; this module says what is written.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class Checkpointer:
             model_cfg=dict(trainer.model_cfg),
             names={int(k): str(v) for k, v in trainer.data["names"].items()},
             callbacks=trainer.callbacks.state_dict(),
+            recipe=trainer.recipe.state_dict(),
             rng=rng_states(),
             rank_rng=self.rank_rng if trainer.world_size > 1 else None,
             epoch_batches=batches_done,

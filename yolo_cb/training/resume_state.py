@@ -103,6 +103,7 @@ def load_state(trainer, ckpt: Checkpoint) -> None:
         trainer.criterion.set_l1(bool(ckpt.use_l1))
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
     trainer.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
+    trainer.recipe.load_states(ckpt.recipe, callback_states)
     trainer.callbacks.load_state_dict(callback_states)
     restore_rng(ckpt, trainer.world_size, trainer.rank)
     trainer.optimizer_steps = int(ckpt.optimizer_steps)

@@ -96,11 +96,18 @@ def state_field(group: str, name: str, doc: str = "") -> property:
 def delegate(holder: str, name: str, doc: str = "") -> property:
     """A Trainer property reading and writing `trainer.<holder>.<name>` (a collaborator's attribute under its usual name)."""
 
+    path = holder.split(".")  # a dotted holder: recipe.early_stop
+
+    def owner(trainer):
+        for step in path:
+            trainer = getattr(trainer, step)
+        return trainer
+
     def get(trainer):
-        return getattr(getattr(trainer, holder), name)
+        return getattr(owner(trainer), name)
 
     def put(trainer, value):
-        setattr(getattr(trainer, holder), name, value)
+        setattr(owner(trainer), name, value)
 
     return property(get, put, doc=doc or f"trainer.{holder}.{name}")
 

@@ -1,10 +1,12 @@
-"""The training loop: setup, epochs, batches, optimizer steps, validation, early stopping — every step fires its event.
+"""The training loop: setup, epochs, batches, optimizer steps, validation, early stopping, the LR schedule, saving —
+every step called by name, every step firing its event.
 
-Progress, results.csv, checkpoints, the LR schedule, integrations and the user's callbacks are callbacks; they steer the
-run only through the controls (request_stop, withdraw_stop, end_after, validate_each_epoch, patience, restore_best). The
-state is typed (`trainer.state`, run_state.py); the parts live beside it: build.py (model, loaders, validator), step.py
-(one batch), checkpointer.py (what a checkpoint holds, last.pt after an error), signals.py, place.py (device, ranks,
-run folder), recipe/ (optimizer groups, EMA, early stopping).
+The recipe's parts are objects the loop calls: the LR schedule (recipe/schedule.py), early stopping
+(recipe/early_stop.py), results.csv and the checkpoint files (saver.py). Progress, integrations and the
+user's callbacks are callbacks; they steer the run only through the controls (request_stop, withdraw_stop, end_after,
+validate_each_epoch, patience, restore_best, set_lr). The state is typed (`trainer.state`, run_state.py); the parts live
+beside it: build.py (model, loaders, validator), step.py (one batch), checkpointer.py (what a checkpoint holds, last.pt
+after an error), signals.py, place.py (device, ranks, run folder).
 """
 
 from __future__ import annotations
@@ -16,41 +18,39 @@ from typing import Any
 import torch
 
 from yolo_cb.callbacks.dispatch import Callbacks
-from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights
+from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights, serialize_checkpoint
 from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.paths import DEFAULT_MODEL
-from yolo_cb.recipe.early_stop import EarlyStop
 from yolo_cb.recipe.ema import ModelEMA, unwrap
 from yolo_cb.recipe.freeze import freeze_layers
-from yolo_cb.recipe.monitor import Monitor
 from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
-from yolo_cb.recipe.stop import StopCause, refuse_foreign_stop_flag
+from yolo_cb.recipe.stop import StopCause
 from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.training.place import Place, make_save_dir, record_data_path
-from yolo_cb.training.run_state import Clock, Progress, RunState, delegate, state_field
+from yolo_cb.training.recipe_parts import RecipeParts
+from yolo_cb.training.run_state import Clock, Progress, RunState
+from yolo_cb.training.saver import EpochOutcome
 from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
 from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError  # noqa: F401  (public names)
+from yolo_cb.training.surface import TrainerSurface
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
-from yolo_cb.utils.plotting import images_in
 from yolo_cb.utils.process_state import restore_process_state, save_process_state
+from yolo_cb.utils.results_plot import plot_results
 
 
-class Trainer:
+class Trainer(TrainerSurface):
     """Trains a detector; `trainer.train()` returns the final metrics dict.
 
-    The names callbacks read (Ultralytics' where it has one; tests/test_trainer_contract.py lists them) are properties
-    over the typed run state `trainer.state` (training/run_state.py) or a collaborator (`parts`: build.py, `step`,
-    `place`, `clock`, `output`: epoch_record.py). A callback steers the run through the controls only: `stop` /
-    `request_stop`, `withdraw_stop`, `end_after`, `validate_each_epoch`, `patience`, `restore_best` (docs/callbacks.md);
-    the LR is the lr_schedule callback's (yolo_cb/assembly/lr_schedule.py): nothing here writes it.
+    What callbacks read, and the controls they steer it with, are the surface's (training/surface.py); this class is
+    the loop, which calls each part of the recipe by name.
     """
 
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
@@ -69,112 +69,10 @@ class Trainer:
         self.signals = SignalWatch()
         self.clock = Clock()
         self.output = EpochOutput()  # the epoch's record and the image files written in it: training/epoch_record.py
-        self.monitor = Monitor.from_args(args)  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
-        self.early_stop = EarlyStop(args.patience)  # patience: asked after every epoch, before the checkpoint
+        self.recipe = RecipeParts.from_args(args)  # monitor, early stopping, LR schedule, saver, results.csv: called by name
         self.resume_ckpt: Checkpoint | None = None  # the checkpoint a resume continues (load_checkpoint's)
         self.exception: BaseException | None = None
         self.restore_best = bool(args.restore_best)
-
-    # --- the run state's fields under the names callbacks know (Ultralytics' where it has one) --------------------
-    epochs, start_epoch, epoch = (state_field("progress", n) for n in ("epochs", "start_epoch", "epoch"))
-    completed_epoch, batch_i, batches_done = (state_field("progress", n) for n in ("completed_epoch", "batch_i", "batches_done"))
-    optimizer_steps, stepped, save_step_due = (state_field("progress", n) for n in ("optimizer_steps", "stepped", "save_step_due"))
-    loop_done, mid_epoch, setup_done = (state_field("progress", n) for n in ("loop_done", "mid_epoch", "setup_done"))
-    validate_every_epoch = state_field("progress", "validate_every_epoch")
-    loss_items, tloss = state_field("losses", "loss_items"), state_field("losses", "tloss")
-    metrics, metrics_epoch = state_field("metrics", "values"), state_field("metrics", "epoch")
-    fitness, monitor_value, lr = (state_field("metrics", n) for n in ("fitness", "monitor_value", "lr"))
-    best_fitness, best_epoch, improved = (state_field("best", n) for n in ("fitness", "epoch", "improved"))
-    stop = state_field("stop", "flag", "Set True from any callback to end the run at the next batch or epoch boundary on every rank.")
-    stop_cause, stop_reason = state_field("stop", "cause"), state_field("stop", "reason")
-    restore_best = state_field("stop", "restore_best", "A control: after early stopping, end on best.pt's weights (True) or the last epoch's.")
-    patience = delegate("early_stop", "patience", "A control: epochs without improvement before early stopping ends the run (0: never).")
-    # --- and the collaborators' -------------------------------------------------------------------------------------
-    model, ema, optimizer, criterion = (delegate("parts", n) for n in ("model", "ema", "optimizer", "criterion"))
-    train_loader, test_loader, validator = (delegate("parts", n) for n in ("train_loader", "test_loader", "validator"))
-    data, model_cfg, loss_names = (delegate("parts", n) for n in ("data", "model_cfg", "loss_names"))
-    frozen, num_batches, lr_schedule = (delegate("parts", n) for n in ("frozen", "num_batches", "lr_schedule"))
-    batch, loss, batch_instances, batch_size_px = (delegate("step", n) for n in ("batch", "loss", "batch_instances", "batch_size_px"))
-    scaler, amp_dtype, use_amp, accumulate = (delegate("step", n) for n in ("scaler", "amp_dtype", "use_amp", "accumulate"))
-    last_opt_step, global_batch, warmup_iters = (delegate("step", n) for n in ("last_opt_step", "global_batch", "warmup_iters"))
-    warmup_bias_lr, momentum, optimizer_name = (delegate("step", n) for n in ("warmup_bias_lr", "momentum", "optimizer_name"))
-    device, rank, world_size = (delegate("place", n) for n in ("device", "rank", "world_size"))
-    save_dir, wdir = delegate("place", "save_dir"), delegate("place", "wdir")
-    epoch_time, epoch_time_start = delegate("clock", "epoch_time"), delegate("clock", "epoch_time_start")
-    epoch_record = property(lambda t: t.output.record, doc="The last epoch's EpochRecord (training/epoch_record.py), from on_model_save on.")
-    new_images = property(lambda t: t.output.images, doc="Image files written this epoch: a writer appends, loggers read.")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        refuse_foreign_stop_flag(name)  # trainer.stop_training / should_stop / should_training_stop would do nothing
-        super().__setattr__(name, value)
-
-    # --- small helpers ------------------------------------------------------------------
-    @property
-    def is_main(self) -> bool:
-        return self.rank in (-1, 0)
-
-    @property
-    def validated_this_epoch(self) -> bool:
-        """Whether trainer.metrics come from this epoch's validation (val_period and val=False skip some epochs)."""
-        return self.metrics_epoch is not None and self.metrics_epoch == self.epoch
-
-    @property
-    def elapsed(self) -> float:
-        return self.clock.elapsed
-
-    @property
-    def flag_device(self):
-        """Where the flags every rank all-reduces live (the GPU under NCCL, else the CPU)."""
-        return self.place.flag_device
-
-    def run_callbacks(self, event: str) -> None:
-        clock = self.clock
-        clock.on_event(event)
-        start = perf_counter()
-        self.callbacks.run(event, self)
-        clock.spent("callbacks", start)
-
-    # --- the controls: how a callback steers the run (docs/callbacks.md, "Controls"); settings are fixed -------------
-    def request_stop(self, cause: StopCause, reason: str) -> None:
-        """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
-        if not self.stop or self.stop_cause is None:
-            self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
-
-    def withdraw_stop(self, cause: StopCause) -> bool:
-        """Withdraw a pending stop of `cause` (one of another cause stands: a signal, the time limit); True if withdrawn."""
-        if not (self.stop and self.stop_cause == StopCause(cause)):
-            return False
-        self.stop, self.stop_cause, self.stop_reason = False, None, ""
-        return True
-
-    def end_after(self, epochs: int) -> None:
-        """Shorten the run: it ends after `epochs` epochs (at least those already completed, at most the planned ones);
-        the LR schedule keeps the curve of the planned length."""
-        done, planned = self.completed_epoch + 1, int(self.args.epochs)
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or not max(done, 1) <= epochs <= planned:
-            raise ValueError(f"trainer.end_after({epochs!r}): expected an integer from {max(done, 1)} (epochs completed) "
-                             f"to {planned} (the planned epochs)")
-        self.epochs = epochs
-
-    def validate_each_epoch(self) -> None:
-        """Validate after every epoch from now on, whatever val_period says (the YOLOX no-augmentation stage does)."""
-        self.validate_every_epoch = True
-
-    # --- what Ultralytics' trainer exposes to callbacks and integrations -------------------
-    def add_callback(self, event: str, fn, on_error: str = "raise", **placement) -> None:
-        """Register `fn(trainer)` on `event` (Ultralytics' trainer.add_callback; name= / after= / before= place it); it
-        runs from the event's next firing."""
-        self.callbacks.add_callback(event, fn, on_error=on_error, **placement)
-
-    last = property(lambda t: t.wdir / "last.pt" if t.wdir else None, doc="<run folder>/weights/last.pt (once the folder exists).")
-    best = property(lambda t: t.wdir / "best.pt" if t.wdir else None, doc="<run folder>/weights/best.pt (once the folder exists).")
-    batch_size = property(lambda t: t.args.batch, doc="Images per batch in this process (the batch= setting).")
-    plots = property(lambda t: images_in(t.save_dir), doc="Plot images in the run folder so far: path -> {data: None, timestamp}.")
-
-    def label_loss_items(self, items=None, prefix: str = "train") -> dict[str, float]:
-        if items is None:
-            return {f"{prefix}/{name}": 0.0 for name in self.loss_names}
-        return {f"{prefix}/{name}": round(float(v), 5) for name, v in zip(self.loss_names, items, strict=True)}
 
     def checkpoint_dict(self, epoch: int | None = None, batches_done: int | None = None) -> dict:
         """The plain-data checkpoint (see DESIGN.md): loadable with torch.load(weights_only=True).
@@ -183,6 +81,9 @@ class Trainer:
         of the next one are trained, with what resuming there needs: that epoch's mean losses, accumulated gradients, and
         every rank's RNG states under DDP (gathered on rank 0 just before)."""
         return self.checkpointer.checkpoint_dict(self, epoch, batches_done)
+
+    def _checkpoint_bytes(self, epoch: int | None = None) -> bytes:
+        return serialize_checkpoint(self.checkpoint_dict(epoch=epoch))
 
     def data_fingerprint(self) -> dict | None:
         """The dataset's identity stored in checkpoints (data YAML, image counts, names); resume refuses another one."""
@@ -195,6 +96,8 @@ class Trainer:
         previous_state = save_process_state(LOGGER)
         try:
             self._setup()
+            if self.is_main and self.recipe.saver.active and self.args.save_initial and self.start_epoch == 0:
+                self.recipe.saver.save_initial(self._checkpoint_bytes(epoch=-1), self.wdir)  # epoch -1: no epoch trained yet
             self.run_callbacks("on_train_start")
             self._fit()
             self._finish()
@@ -223,13 +126,15 @@ class Trainer:
             self.completed_epoch, self.stepped = epoch, False
             self._validate_and_save()
             self.run_callbacks("on_fit_epoch_end")
+            if self.is_main and self.recipe.saver.active:  # a callback's state changed since the save: last.pt again
+                self.recipe.saver.keep_up(self._saved_state(), self._checkpoint_bytes, self.wdir)
             if self.signals.agree_to_stop(self):
                 self.signals.raise_on_signal(self)
                 LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                 break
             if epoch + 1 >= self.epochs:  # the last epoch (trainer.end_after may have shortened the run)
                 break
-            self.run_callbacks("on_params_update")  # the LR schedule callback set the next epoch's LR in on_model_save
+            self.run_callbacks("on_params_update")  # the LR schedule set the next epoch's LR before the checkpoint
         self.loop_done = True
 
     def _finish(self) -> None:
@@ -241,6 +146,8 @@ class Trainer:
         self.signals.raise_on_signal(self)
         if self.restore_best and self.stop_cause == StopCause.EARLY_STOPPING:
             restore_best_weights(self)  # the model ends on best.pt's weights, not those of the epoch it stopped at
+        if self.is_main and self.args.plots and self.args.save:
+            self.plot_metrics()
         self.run_callbacks("on_train_end")
         self.signals.raise_on_signal(self)
         self._log_callback_stats()
@@ -277,13 +184,22 @@ class Trainer:
         self._wrap_forward()
         self.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
+        self._start_recipe()
         if self.metrics_epoch is None and not self.metrics:
             self.metrics = build.placeholder_metrics(self.loss_names, self.data)
-            self.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
+            self.recipe.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
         self.setup_done = True
         if args.verbose and self.is_main:
             LOGGER.info("callbacks, per event in firing order:\n" + self.callbacks.table())
         self.run_callbacks("on_pretrain_routine_end")
+
+    def _start_recipe(self) -> None:
+        """The schedule sets the first epoch's LR (a resume restored its state); a resume rewrites results.csv."""
+        if self.recipe.schedule is not None:
+            self.recipe.schedule.start(self.optimizer, self.args, self.epochs, self.start_epoch, self.warmup_iters, self.warmup_bias_lr,
+                                self.momentum)
+        if self.is_main and self.args.save and self.start_epoch > 0:
+            self.recipe.results.resume(self.save_dir, self.start_epoch)
 
     def _build_model(self) -> None:
         """The model, the modules freeze= froze (before the optimizer: frozen tensors get no group), the loss."""
@@ -317,12 +233,16 @@ class Trainer:
             self.clock.spent("data", self.clock.mark)  # the wait for this batch
             self.batch_i, self.batch = batch_i, batch
             steps = self.optimizer_steps
+            if self.recipe.schedule is not None:
+                self.recipe.schedule.warmup_batch(self.epoch, batch_i, self.num_batches)
             self._train_batch()
             self.batches_done = batch_i + 1
             n = self.args.save_steps
             self.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
             if self.save_step_due:
                 self.checkpointer.gather_rank_rng(self)
+                if self.is_main and self.recipe.saver.active:
+                    self.recipe.saver.save_step(self._checkpoint_bytes(), self.wdir)
             self.run_callbacks("on_train_batch_end")
             self.save_step_due = False
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
@@ -353,6 +273,23 @@ class Trainer:
         metrics = distributed.broadcast_object(metrics)
         return metrics, float(metrics.get("fitness", 0.0))
 
+    def save_metrics(self, metrics: dict) -> None:
+        """This epoch's row of results.csv (an EpochRecord row), stored in the checkpoint; the file follows it."""
+        self.recipe.results.add(metrics)
+
+    def save_model(self) -> None:
+        """This epoch's checkpoint files (training/saver.py): last.pt, best.pt when improved, epoch / top-k copies."""
+        if self.is_main and self.recipe.saver.active:
+            outcome = EpochOutcome(self.epoch, self.improved, self.monitor_value if self.validated_this_epoch else None)
+            self.recipe.saver.save_epoch(self._checkpoint_bytes(), self.wdir, outcome, self.recipe.monitor.best_first, self._saved_state())
+
+    def plot_metrics(self) -> None:
+        """results.png from results.csv."""
+        plot_results(Path(self.save_dir) / "results.csv")
+
+    def _saved_state(self) -> dict:
+        return {"callbacks": self.callbacks.state_dict(), "recipe": self.recipe.state_dict()}
+
     # --- validation and saving ------------------------------------------------------------
     def _should_validate(self) -> bool:
         final = self.epoch + 1 == self.epochs
@@ -367,8 +304,8 @@ class Trainer:
             self.clock.spent("val", start)
             self.fitness = float(fitness)
             self.metrics, self.metrics_epoch = {**metrics, "fitness": self.fitness}, self.epoch  # monitor=fitness follows validate()
-            self.monitor_value = self.monitor.value(self.metrics)
-            if self.monitor.improved(self.monitor_value, self.best_fitness):
+            self.monitor_value = self.recipe.monitor.value(self.metrics)
+            if self.recipe.monitor.improved(self.monitor_value, self.best_fitness):
                 self.best_fitness, self.improved = self.monitor_value, True
         elif self.best_fitness is None:
             self.improved = True  # nothing validated yet: best.pt follows last.pt
@@ -377,13 +314,20 @@ class Trainer:
         self._stop_early()
         self.checkpointer.gather_rank_rng(self)
         self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
-        self.run_callbacks("on_model_save")
+        if self.recipe.schedule is not None:  # the next epoch's LR, before the checkpoint that holds it
+            self.recipe.schedule.next_epoch(self.epoch, self.metrics, self.validated_this_epoch)
+        if self.is_main and self.args.save:
+            self.save_metrics(self.epoch_record.row())
+        self.save_model()
+        if self.is_main and self.args.save:  # after the checkpoint: results.csv never shows an epoch last.pt lacks
+            self.recipe.results.write(self.save_dir)
+        self.run_callbacks("on_model_save")  # after the files are written
 
     def _stop_early(self) -> None:
         """Early stopping (recipe/early_stop.py), once something was validated: the stop is decided before the checkpoint."""
         if self.monitor_value is None or self.stop:
             return
-        reason = self.early_stop.reason(self.epoch, self.best_epoch, self.monitor.key, self.best_fitness)
+        reason = self.recipe.early_stop.reason(self.epoch, self.best_epoch, self.recipe.monitor.key, self.best_fitness)
         if reason:
             self.request_stop(StopCause.EARLY_STOPPING, reason)
 

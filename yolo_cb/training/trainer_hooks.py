@@ -1,9 +1,10 @@
 """Ultralytics' trainer methods that a subclass overrides, and what does their job here.
 
 Ultralytics' custom-trainer guides subclass its trainer and override these methods. The yolo-cb loop never calls
-them (its steps are callbacks on events), so a subclass defining one would train as if it did not: `refuse_unread_hooks`
+them (their jobs are done by callbacks or settings), so a subclass defining one would train as if it did not: `refuse_unread_hooks`
 refuses such a class at train() with one line naming each method and the yolo-cb way to do its job. Methods the loop
-does call at their place (`build_optimizer`, `validate`, `label_loss_items`, `checkpoint_dict`, ...) are the Trainer's
+does call at their place (`build_optimizer`, `validate`, `save_metrics`, `save_model`, `plot_metrics`,
+`label_loss_items`, `checkpoint_dict`, ...) are the Trainer's
 own and may be overridden.
 """
 
@@ -18,13 +19,10 @@ ULTRALYTICS_HOOKS: dict[str, str] = {
     "get_dataloader": "the settings data=, batch=, workers=",
     "build_dataset": "the settings data=, imgsz= and the augmentation settings",
     "get_validator": "a callback on the validator's events (on_val_start ... on_val_end)",
-    "save_model": "an override of checkpoint_dict() (called for every checkpoint) or an on_model_save callback",
     "preprocess_batch": "an on_train_batch_start callback that edits trainer.batch",
     "plot_training_samples": "plots=True (train_batch*.jpg) or an on_train_batch_end callback",
     "plot_training_labels": "plots=True",
-    "plot_metrics": "plots=True (results.png) or an on_train_end callback reading results.csv",
     "final_eval": "an on_train_end callback (trainer.metrics: best.pt's final validation)",
-    "save_metrics": "an on_fit_epoch_end callback (results.csv is written by the built-in callback)",
     "progress_string": "an on_train_batch_end callback (the progress line is the built-in callback's)",
     "set_model_attributes": "an on_pretrain_routine_end callback (trainer.model is built there)",
     "setup_model": "an on_pretrain_routine_end callback (trainer.model is built there)",

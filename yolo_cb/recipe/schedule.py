@@ -1,0 +1,261 @@
+"""The learning-rate schedule: a part of the training recipe the loop calls by name. It owns every parameter group's LR
+(and SGD momentum during warmup).
+
+`lr_scheduler=` picks the schedule after warmup (see cfg/default.yaml and docs/callbacks.md):
+
+    linear | cosine | step | multistep | exponential | polynomial | constant   built-ins: a multiplier of lr0 per epoch
+    module:function                                                         your function epoch -> multiplier of lr0
+    module:Class                                                            your callback class sets the LR instead
+    ReduceLROnPlateau, StepLR, ... (any torch.optim.lr_scheduler class)     wrapped, stepped once per epoch
+    none                                                                    no schedule: only your callbacks write the LR
+
+Parameters come as a mapping, `{step: {step_size: 10, gamma: 0.5}}` (YAML, or the same text on the CLI), and are checked
+strictly. Every schedule takes `warmup_by` (batch | epoch) and the built-ins `cooldown_epochs` (the last N epochs stay at
+the final LR). With the defaults the LRs are those of the trainer before the schedule was its own part, bit for bit.
+
+The loop calls `start` once the optimizer (and a resumed state) exists, `warmup_batch` before each batch, `next_epoch`
+after each epoch's validation (before the checkpoint, which so holds the next epoch's schedule).
+
+A change of LR by a callback sticks: `trainer.set_lr(lr)` (the documented control), or Ultralytics' habit of writing
+`group["lr"]` directly — the schedule's groups tell it of every such write. The group's schedule is rescaled by the
+written LR over the one the schedule had set; a write during the per-batch warmup ends that group's warmup ramp (the
+written LR is used for each following batch, and the schedule continues from it).
+
+The late groups of layers that were frozen (unfreeze_warmup, yolo_cb/recipe/optim.py) are not the schedule's: before
+each optimizer step they take the LR of the group they follow, times their own warmup ramp.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo_cb.callbacks.lr_settings import parsed, resolve
+from yolo_cb.recipe.optim import FOLLOWS
+from yolo_cb.utils.log import LOGGER
+
+
+def builtin_factor(name: str, params: dict, epochs: int, lrf: float) -> Callable[[float], float]:
+    """Epoch -> multiplier of lr0 for a built-in schedule (linear and cosine are the trainer's historical formulas)."""
+    if name == "linear":
+        return lambda x: max(1 - x / epochs, 0) * (1.0 - lrf) + lrf
+    if name == "cosine":
+        return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    if name == "constant":
+        return lambda x: 1.0
+    if name == "step":
+        size, gamma = int(params["step_size"]), float(params.get("gamma", 0.1))
+        return lambda x: gamma ** (int(x) // size)
+    if name == "multistep":
+        milestones, gamma = [int(m) for m in params["milestones"]], float(params.get("gamma", 0.1))
+        return lambda x: gamma ** bisect.bisect_right(milestones, int(x))
+    if name == "exponential":
+        gamma = float(params["gamma"]) if "gamma" in params else lrf ** (1 / epochs)
+        return lambda x: gamma ** x
+    if name == "polynomial":
+        power = float(params.get("power", 2.0))
+        return lambda x: max(1 - x / epochs, 0) ** power * (1.0 - lrf) + lrf
+    raise KeyError(name)
+
+
+class ScheduledGroup(dict):
+    """An optimizer parameter group the schedule owns: a write of its 'lr' by anyone but the schedule reaches the
+    schedule (`LRSchedule.adopt`), so that a callback's change sticks instead of being overwritten at the next step."""
+
+    schedule: LRSchedule | None = None
+    index: int = -1
+
+    def __setitem__(self, key, value):
+        if key == "lr" and self.schedule is not None and not self.schedule.writing:
+            self.schedule.adopt(self.index, value)
+        super().__setitem__(key, value)
+
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
+class LRSchedule:
+    """Sets each group's LR: per-batch (or per-epoch) warmup, then the chosen schedule once per epoch. See the module docstring."""
+
+    @staticmethod
+    def wanted(args: Any) -> bool:
+        """Whether `args.lr_scheduler` is a schedule this class runs (none and module:Class are not)."""
+        return parsed(args).kind not in ("none", "class")
+
+    def __init__(self, lr_scheduler: Any = None):
+        self.setting = lr_scheduler  # None: args.lr_scheduler as the settings parsed it
+        self.base: list[float] | None = None  # per group: lr0, rescaled by callbacks' changes
+        self.target: list[float] | None = None  # per group: the scheduled LR of the current epoch (warmup ramps towards it)
+        self.written: list[float] | None = None  # per group: the LR the group has (set by the schedule or adopted)
+        self.torch_state: dict | None = None
+        self.scheduler = None
+        self.factor: Callable[[float], float] | None = None
+        self.held: set[int] = set()  # groups whose warmup ramp a callback's write ended: their LR is that write's
+        self.writing = False  # True while the schedule itself writes: its groups then report nothing
+        self.groups: list[ScheduledGroup] = []
+        self.epoch, self.ni = 0, -1  # where the run is: the epoch the LR is set for, the last batch warmed up
+
+    # --- setup ----------------------------------------------------------------------------
+    def start(self, optimizer: torch.optim.Optimizer, args: Any, epochs: int, start_epoch: int, warmup_iters: int,
+              warmup_bias_lr: float, momentum: float) -> None:
+        """Own `optimizer`'s scheduled groups (after a resume restored it) and set `start_epoch`'s LR."""
+        kind, self.name, params, target = parsed(args) if self.setting is None else resolve(self.setting, args)
+        self.kind, self.args, self.warmup_iters = kind, args, warmup_iters
+        self.warmup_bias_lr, self.momentum = warmup_bias_lr, momentum
+        self.warmup_by = params.pop("warmup_by", "batch")
+        self.cooldown = int(params.pop("cooldown_epochs", 0))
+        if kind == "builtin" and args.cos_lr and self.name == "linear":
+            self.name = "cosine"  # cos_lr=True: Ultralytics' switch for the cosine schedule
+        self.groups = self._watch(optimizer)
+        if self.base is None:
+            self.base = [group["initial_lr"] for group in self.groups]
+        span = max(epochs - self.cooldown, 1)
+        if kind == "builtin":
+            raw = builtin_factor(self.name, params, span, args.lrf)
+            self.factor = raw if not self.cooldown else (lambda x: raw(min(x, span)))
+        elif kind == "function":
+            self.factor = target if not self.cooldown else (lambda x: target(min(x, span)))
+        elif kind == "torch":
+            self._start_torch(optimizer, target, params)
+        self.epoch = start_epoch
+        self._set_epoch(start_epoch)
+
+    def _watch(self, optimizer: torch.optim.Optimizer) -> list[ScheduledGroup]:
+        """Replace the scheduled groups by ScheduledGroups (the same keys and tensors), in place in the optimizer."""
+        groups = []
+        for position, group in enumerate(optimizer.param_groups):
+            if FOLLOWS in group:
+                continue
+            watched = ScheduledGroup(group)
+            watched.schedule, watched.index = self, len(groups)
+            optimizer.param_groups[position] = watched
+            groups.append(watched)
+        return groups
+
+    def _start_torch(self, optimizer, scheduler_class, params: dict) -> None:
+        self.monitor = params.pop("monitor", None)
+        with self._writing():
+            for group, lr in zip(self.groups, self.base, strict=True):
+                group["lr"] = lr
+            self.scheduler = scheduler_class(optimizer, **params)
+            if self.torch_state is not None:
+                self.scheduler.load_state_dict(self.torch_state)
+        if self.target is None:
+            self.target = [group["lr"] for group in self.groups]
+
+    @contextmanager
+    def _writing(self):
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing = False
+
+    # --- changes by callbacks -------------------------------------------------------------------
+    def set_lr(self, lr: float, group: int | None = None) -> None:
+        """The control: from now on group `group` (every scheduled group when None) has LR `lr`, and its schedule
+        continues from it."""
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0 or not math.isfinite(lr):
+            raise ValueError(f"set_lr({lr!r}): expected a finite number >= 0")
+        if group is not None and not (isinstance(group, int) and 0 <= group < len(self.groups)):
+            raise ValueError(f"set_lr(group={group!r}): expected a scheduled group from 0 to {len(self.groups) - 1}")
+        for i in range(len(self.groups)) if group is None else (group,):
+            self.groups[i]["lr"] = float(lr)
+
+    def adopt(self, i: int, now: float) -> None:
+        """Group i's LR was set to `now` by a callback: it sticks (the group's schedule is rescaled by it)."""
+        mine = self.written[i] if self.written is not None else None
+        if mine is None or now == mine:
+            return
+        warming = self.warmup_by == "batch" and 0 <= self.ni <= self.warmup_iters
+        if self.kind == "torch":
+            self.target[i] = now
+        elif mine and not warming:
+            self.base[i] *= now / mine
+        else:  # a ramp value is no measure of the schedule
+            factor = self.factor(self.epoch) if self.factor else 1.0
+            self.base[i] = now / factor if factor else now
+        if warming:
+            self.held.add(i)
+        self.written[i] = now
+        LOGGER.info(f"lr schedule: lr/pg{i} was set to {now:.6g} by a callback (the schedule had {mine:.6g}); "
+                    + ("it ends this group's warmup ramp: each next batch uses it, and " if warming else "")
+                    + "the schedule continues from it")
+
+    # --- the schedule ---------------------------------------------------------------------
+    def _scheduled(self, i: int, epoch: int) -> float:
+        if self.kind == "torch":
+            return self.target[i]
+        return self.base[i] * self.factor(epoch)
+
+    def _write(self, values: list[float], momenta: list[float] | None = None) -> None:
+        with self._writing():
+            for i, (group, value) in enumerate(zip(self.groups, values, strict=True)):
+                group["lr"] = value
+                if momenta is not None and "momentum" in group:
+                    group["momentum"] = momenta[i]
+        self.written = list(values)
+
+    def _set_epoch(self, epoch: int) -> None:
+        """The LR of every group for `epoch` (warmup by epoch included)."""
+        values = [self._scheduled(i, epoch) for i in range(len(self.groups))]
+        warmup, momenta = float(self.args.warmup_epochs), None
+        if self.warmup_by == "epoch" and warmup > 0 and epoch < math.ceil(warmup):
+            fraction = (epoch + 1) / (math.ceil(warmup) + 1)
+            starts = [self.warmup_bias_lr if i == 0 else 0.0 for i in range(len(values))]
+            values = [s + fraction * (v - s) for s, v in zip(starts, values, strict=True)]
+            momenta = [self.args.warmup_momentum + fraction * (self.momentum - self.args.warmup_momentum)] * len(values)
+        elif self.warmup_by == "epoch" and warmup > 0 and epoch == math.ceil(warmup):
+            momenta = [self.momentum] * len(values)
+        self._write(values, momenta)
+
+    def warmup_batch(self, epoch: int, batch_i: int, num_batches: int) -> None:
+        """Per-batch warmup: LR from warmup_bias_lr (biases) / 0 (others) to the epoch's scheduled LR; momentum too."""
+        self.ni = ni = batch_i + num_batches * epoch
+        if self.warmup_by != "batch" or ni > self.warmup_iters:
+            return
+        xi, values = [0, self.warmup_iters], []
+        for j in range(len(self.groups)):
+            start = self.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
+            ramp = float(np.interp(ni, xi, [start, self._scheduled(j, epoch)]))
+            values.append(self._scheduled(j, epoch) if j in self.held else ramp)
+        momentum = float(np.interp(ni, xi, [self.args.warmup_momentum, self.momentum]))
+        self._write(values, [momentum] * len(values))
+
+    def next_epoch(self, epoch: int, metrics: dict, validated: bool) -> None:
+        """After epoch `epoch` (validated or not): step to the next epoch's LR."""
+        if self.kind == "torch":
+            with self._writing():
+                for group, lr in zip(self.groups, self.target, strict=True):
+                    group["lr"] = lr  # the scheduler steps from its own value, not from a warmup value
+                if self.monitor is None:
+                    self.scheduler.step()
+                elif validated:  # only an epoch that validated
+                    self.scheduler.step(self._monitored(metrics))
+            self.target = [group["lr"] for group in self.groups]
+            self.torch_state = self.scheduler.state_dict()
+        self.epoch = epoch + 1
+        self._set_epoch(epoch + 1)
+
+    def _monitored(self, metrics: dict) -> float:
+        if self.monitor not in metrics:
+            raise KeyError(f"lr_scheduler ReduceLROnPlateau monitors '{self.monitor}', which the metrics do not have; "
+                           f"metric keys: {', '.join(sorted(metrics))}")
+        return float(metrics[self.monitor])
+
+    # --- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"base": self.base, "target": self.target, "torch": self.torch_state, "held": sorted(self.held)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base = list(state["base"]) if state.get("base") is not None else None
+        self.target = list(state["target"]) if state.get("target") is not None else None
+        self.torch_state = state.get("torch")
+        self.held = set(state.get("held") or ())
