@@ -39,11 +39,6 @@ OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model fo
 DEFAULT_STRIDE = 32
 
 
-def parse_metadata(raw: dict[str, str], path: Path | str = "<metadata>", kind: str = "ONNX") -> dict[str, Any]:
-    """ONNX / TorchScript metadata strings -> typed values (names dict, imgsz list, stride int, batch int|None), checked."""
-    return checked_metadata(raw, Path(path), kind)
-
-
 def max_stride(model: Any) -> int:
     """The largest stride of a model (`.stride` may be an int, a sequence or a tensor); 32 when unknown."""
     stride = getattr(model, "stride", None)
