@@ -52,7 +52,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "monitor", "optim", "schedule", "stop"),
-    "yolo_cb.prediction": ("torchscript_check", "backend", "results", "sources", "predictor"),
+    "yolo_cb.prediction": ("torchscript_check", "model_metadata", "backend", "results", "sources", "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
     "yolo_cb.export": ("nms", "formats", "calibration_images", "convert", "verify", "exporter", "benchmark"),
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",

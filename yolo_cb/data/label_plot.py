@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo_cb.utils.files import atomic_write_bytes
+from yolo_cb.utils.plotting import plot_text
 
 MAX_DRAWN = 500  # boxes drawn in the rectangles panel
 BINS = 50  # per axis of the 2-D histograms
@@ -38,7 +39,7 @@ def plot_labels(labels: list[dict], names: dict[int, str], path: Path) -> Path:
     axes[0].bar(range(len(counts)), counts, color="#3b75af")
     axes[0].set_ylabel("instances")
     if len(names) <= 30:
-        axes[0].set_xticks(range(len(names)), [str(names[c]) for c in sorted(names)], rotation=90, fontsize=7)
+        axes[0].set_xticks(range(len(names)), [plot_text(names[c]) for c in sorted(names)], rotation=90, fontsize=7)
     _rectangles(axes[1], boxes[:MAX_DRAWN], cls[:MAX_DRAWN])
     for ax, (i, j), (a, b) in ((axes[2], (0, 1), ("x", "y")), (axes[3], (2, 3), ("width", "height"))):
         ax.hist2d(boxes[:, i], boxes[:, j], bins=BINS, range=[[0, 1], [0, 1]], cmap="Blues")

@@ -23,6 +23,7 @@ from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
 from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir, single_class
 from yolo_cb.data.transforms import LetterBox
+from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation import coco_json, per_class
 from yolo_cb.evaluation.val_metrics import DetectionMetrics, ImageStats, metrics_so_far
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
@@ -136,7 +137,7 @@ class Validator:
             self.names = {int(k): str(v) for k, v in dict(getattr(dataset, "names", None) or backend.names).items()}
             data_nc, data_file = len(self.names), "the given dataloader"
         if backend.nc != data_nc and not args.single_cls:  # single_cls: every predicted class counts as 'item', as Ultralytics
-            raise ValueError(f"class count mismatch: the model {model_name} predicts {backend.nc} classes but the dataset {data_file} "
+            raise ConfigError(f"class count mismatch: the model {model_name} predicts {backend.nc} classes but the dataset {data_file} "
                              f"has {data_nc} (nc={data_nc}); validate with the dataset the model was trained on")
         if self.save_dir is None:
             self.save_dir = run_dir(args, "val")

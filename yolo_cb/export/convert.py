@@ -18,7 +18,7 @@ import numpy as np
 
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import imread, list_image_files
-from yolo_cb.export.formats import ExportError, ExportSettingError
+from yolo_cb.export.formats import ExportError, ExportSettingError, export_write_error
 from yolo_cb.prediction.backend import OPENVINO_META
 from yolo_cb.prediction.predictor import preprocess
 from yolo_cb.utils.log import LOGGER
@@ -115,10 +115,12 @@ def save_openvino(model: Any, folder: Path, stem: str, half: bool, metadata: dic
 
 
 class StagedDir:
-    """A temp folder beside `target` that replaces `target` only on commit(); removed otherwise (like StagedFile)."""
+    """A temp folder beside `target` that replaces `target` only on commit(); removed otherwise (like StagedFile, and like
+    it one WriteError line ending in `hint` when the folder cannot be written)."""
 
-    def __init__(self, target: Path):
+    def __init__(self, target: Path, hint: str = ""):
         self.target = Path(target)
+        self.hint = hint
         self.path = self.target.parent / f".{self.target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         self.committed = False
 
@@ -127,7 +129,10 @@ class StagedDir:
             pid = stale.name[len(self.target.name) + 2:].split(".")[0]
             if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
                 shutil.rmtree(stale, ignore_errors=True)
-        self.path.mkdir(parents=True)
+        try:
+            self.path.mkdir(parents=True)
+        except OSError as error:
+            raise export_write_error(error, self.target, self.hint) from error
         return self
 
     def commit(self) -> Path:

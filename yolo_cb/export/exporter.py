@@ -343,7 +343,7 @@ class Exporter:
                     f"half={bool(args.half)}, int8={bool(args.int8)}, nms={bool(args.nms)}{', opset ' + str(args.opset) if fmt != 'torchscript' else ''})")
         hint = (f"an export is written beside its checkpoint: copy {weights} to a folder this process may write to and export the copy"
                 if weights is not None else "pass project= a folder this process may write to")
-        with StagedDir(file) if fmt == "openvino" else StagedFile(file, hint) as staged:  # a temp beside `file`, renamed when checked
+        with StagedDir(file, hint) if fmt == "openvino" else StagedFile(file, hint) as staged:  # a temp beside `file`, renamed when checked
             written = self._serialise(fmt, staged.path, module, imgsz, batch, calib, weights or type(module).__name__)
             image = self._verification_image(train_args, imgsz, batch).to(device)
             self.verification = self._verify(fmt, written, module.float() if fmt != "torchscript" else module, image, target=file)

@@ -182,6 +182,17 @@ def clean_stale_temps(target: Path) -> list[Path]:
     return removed
 
 
+def export_write_error(error: OSError, target: Path, hint: str = "") -> OSError:
+    """The one-line WriteError for an export that cannot be written beside `target` (read-only, full), ending in `hint`
+    (what to do) when given; an OSError nobody can fix that way is returned unchanged."""
+    converted = write_error(error, target, "the export")
+    if hint and isinstance(converted, WriteError):
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        return WriteError(f"{converted.message.rsplit('; ', 1)[0]}; {'free some space, or: ' if full else ''}{hint}",
+                          error.errno, str(target))
+    return converted
+
+
 class StagedFile:
     """A temp file beside `target` that becomes `target` only on commit() (os.replace), and is removed otherwise.
 
@@ -206,12 +217,7 @@ class StagedFile:
         return self
 
     def _error(self, error: OSError) -> OSError:
-        converted = write_error(error, self.target, "the export")
-        if self.hint and isinstance(converted, WriteError):
-            full = error.errno in (errno.ENOSPC, errno.EDQUOT)
-            return WriteError(f"{converted.message.rsplit('; ', 1)[0]}; {'free some space, or: ' if full else ''}{self.hint}",
-                              error.errno, str(self.target))
-        return converted
+        return export_write_error(error, self.target, self.hint)
 
     def write(self, data: bytes) -> None:
         """Write `data` to the temp file and fsync it; a replaced target's permissions are kept."""

@@ -10,8 +10,6 @@ NMS in its graph (`nms=True`) returns (B, max_det, 6) instead and says so in `ba
 
 from __future__ import annotations
 
-import ast
-import json
 import warnings
 import zipfile
 from pathlib import Path
@@ -21,8 +19,17 @@ import torch
 from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
-from yolo_cb.errors import CheckpointError, ConfigError
+from yolo_cb.errors import ConfigError
 from yolo_cb.prediction import torchscript_check
+from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
+    bad_model_file,
+    checked_metadata,
+    metadata_from_text,
+    parse_names,
+    read_metadata_json,
+    refuse_non_detector,
+    unusable_onnx,
+)
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.signal_stack import kept_signal_stack
@@ -30,35 +37,6 @@ from yolo_cb.utils.signal_stack import kept_signal_stack
 TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
 OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model folder
 DEFAULT_STRIDE = 32
-
-
-def parse_names(value: Any) -> dict[int, str]:
-    """Class names from a dict, a list, or their JSON / Python-literal string form -> {int: str}."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            value = ast.literal_eval(value)
-    if isinstance(value, (list, tuple)):
-        value = dict(enumerate(value))
-    return {int(k): str(v) for k, v in (value or {}).items()}
-
-
-def parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
-    """ONNX / TorchScript metadata strings -> typed values (names dict, imgsz list, stride int, batch int|None)."""
-    meta: dict[str, Any] = dict(raw)
-    if "names" in meta:
-        meta["names"] = parse_names(meta["names"])
-    for key in ("imgsz", "stride", "batch", "dynamic", "half", "nms", "int8"):
-        if key in meta and isinstance(meta[key], str):
-            try:
-                meta[key] = json.loads(meta[key])
-            except json.JSONDecodeError:
-                try:
-                    meta[key] = ast.literal_eval(meta[key])
-                except (ValueError, SyntaxError):
-                    pass
-    return meta
 
 
 def max_stride(model: Any) -> int:
@@ -77,6 +55,7 @@ class Backend:
     """Runs a detector of any supported kind on float BCHW tensors; see the module docstring."""
 
     kind: str = "pytorch"
+    label: str = "PyTorch"  # the kind as a message names it
 
     def __init__(self, *, names: dict[int, str], stride: int = DEFAULT_STRIDE, imgsz: tuple[int, int] | None = None,
                  batch: int | None = None, device: torch.device = torch.device("cpu"), fp16: bool = False,
@@ -106,7 +85,16 @@ class Backend:
         if self.batch is not None and x.shape[0] != self.batch:
             raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
                              f"re-export with dynamic=True or batch={x.shape[0]}")
-        return self.forward(x)
+        y = self.forward(x)
+        if self.kind != "pytorch":  # a file we did not write: it must compute detections, not anything of any shape
+            self.check_detector(None, tuple(y.shape) if isinstance(y, torch.Tensor) else f"a {type(y).__name__}")
+        return y
+
+    def check_detector(self, input_shape: Any, output_shape: Any) -> None:
+        """CheckpointError naming the file when it takes no image batch or returns no detector's output (None: unknown)."""
+        if isinstance(output_shape, str):
+            raise bad_model_file(Path(self.path or ""), self.label, f"it returns {output_shape}, not a detector's output tensor")
+        refuse_non_detector(Path(self.path or ""), self.label, input_shape, output_shape, self.nc, self.end2end is not None)
 
     def warmup(self, imgsz: tuple[int, int] | int | None = None) -> None:
         """One dummy forward pass (first-call allocations, cuDNN autotune, ORT graph init)."""
@@ -150,33 +138,9 @@ class PyTorchBackend(Backend):
         return y.float()
 
 
-def unusable_onnx(path: Path) -> str | None:
-    """Why `path` cannot be an ONNX model (empty, truncated, another kind of file, an invalid graph), or None."""
-    import onnx
-
-    if path.stat().st_size == 0:
-        return "the file is empty"
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception:  # protobuf's DecodeError, or onnx's own parse errors
-        return "it does not parse as ONNX (truncated, or another kind of file)"
-    if not proto.ir_version or not proto.graph.node:
-        return "it holds no ONNX graph (another kind of file)"
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as error:
-        return f"its graph is invalid ({str(error).strip().splitlines()[0][:200]})"
-    return None
-
-
-def bad_model_file(path: Path, kind: str, reason: str) -> CheckpointError:
-    """The one-line error for a model file that cannot be loaded: the file, why, and what to do."""
-    return CheckpointError(f"model={path}: not a usable {kind} model: {reason}; export it again from the .pt checkpoint "
-                           f"(yolo-cb export model=path/to/best.pt format={kind.lower()})")
-
-
 class ONNXBackend(Backend):
     kind = "onnx"
+    label = "ONNX"
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
         import onnxruntime as ort
@@ -199,7 +163,7 @@ class ONNXBackend(Backend):
             if reason is None:
                 raise
             raise bad_model_file(Path(path), "ONNX", reason) from None
-        meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map)
+        meta = checked_metadata(self.session.get_modelmeta().custom_metadata_map, Path(path), self.label)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -208,14 +172,17 @@ class ONNXBackend(Backend):
         static = len(shape) == 4 and all(isinstance(v, int) and v > 0 for v in shape[2:])
         imgsz = tuple(shape[2:]) if static else None
         batch = shape[0] if shape and isinstance(shape[0], int) and shape[0] > 0 else None
+        output_shape = list(self.session.get_outputs()[0].shape)
+        refuse_non_detector(Path(path), self.label, shape, output_shape, len(meta.get("names") or {}), bool(meta.get("nms")))
         names = meta.get("names")
         if not names:
-            nc = self.session.get_outputs()[0].shape[-1]
-            nc = nc - 5 if isinstance(nc, int) and not meta.get("nms") else 0
-            LOGGER.warning(f"{path} has no 'names' metadata; using class ids as names")
+            nc = output_shape[-1] if output_shape else None
+            nc = nc - 5 if isinstance(nc, int) and nc > 5 and not meta.get("nms") else 0
             names = {i: str(i) for i in range(nc)}
         super().__init__(names=names, stride=int(meta.get("stride", DEFAULT_STRIDE)), imgsz=imgsz, batch=batch,
                          device=device, fp16=self.input_dtype == "float16", metadata=meta, path=str(path))
+        if not meta.get("names"):
+            LOGGER.warning(f"{path} has no 'names' metadata; using class ids as names")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         array = x.detach().cpu().numpy().astype(self.input_dtype, copy=False)
@@ -225,6 +192,7 @@ class ONNXBackend(Backend):
 
 class TorchScriptBackend(Backend):
     kind = "torchscript"
+    label = "TorchScript"
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool):
         extra = {TORCHSCRIPT_META: ""}
@@ -233,13 +201,10 @@ class TorchScriptBackend(Backend):
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
             try:
                 self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
-            except RuntimeError:
-                if zipfile.is_zipfile(path):
-                    raise
-                reason = "the file is empty" if Path(path).stat().st_size == 0 else "it is not a TorchScript archive (truncated, or another kind of file)"
-                raise bad_model_file(Path(path), "TorchScript", reason) from None
+            except RuntimeError as error:
+                raise bad_model_file(Path(path), self.label, unreadable_torchscript(Path(path), error)) from None
         torchscript_check.check_graph(self.model, Path(path))  # and it runs only when all of it is tensor maths
-        meta = parse_metadata(json.loads(extra[TORCHSCRIPT_META])) if extra[TORCHSCRIPT_META] else {}
+        meta = metadata_from_text(extra[TORCHSCRIPT_META], Path(path), self.label) if extra[TORCHSCRIPT_META] else {}
         dynamic = bool(meta.get("dynamic", False))
         imgsz = meta.get("imgsz") if not dynamic else None
         batch = meta.get("batch") if not dynamic else None
@@ -251,13 +216,14 @@ class TorchScriptBackend(Backend):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.model(x.to(self.device, self.dtype))
-        if isinstance(y, (list, tuple)):
+        if isinstance(y, (list, tuple)) and y:
             y = y[0]
-        return y.float()
+        return y.float() if isinstance(y, torch.Tensor) else y
 
 
 class OpenVINOBackend(Backend):
     kind = "openvino"
+    label = "OpenVINO"
 
     def __init__(self, path: str, *, device: torch.device, fp16: bool, threads: int | None = None):
         """`path`: an export folder (`*_openvino_model/`) or its .xml; runs on the CPU in fp32 arithmetic (an fp16 export
@@ -270,8 +236,7 @@ class OpenVINOBackend(Backend):
         xml = Path(path) if Path(path).is_file() else next(iter(sorted(folder.glob("*.xml"))), None)
         if xml is None:
             raise bad_model_file(folder, "OpenVINO", "the folder holds no .xml model")
-        meta_file = folder / OPENVINO_META
-        meta = parse_metadata(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
+        meta = read_metadata_json(folder / OPENVINO_META, self.label)
         config = {"INFERENCE_PRECISION_HINT": "f32", **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
         try:
             with kept_signal_stack():  # the CPU plugin swaps this thread's signal stack (utils/signal_stack.py)
@@ -288,10 +253,29 @@ class OpenVINOBackend(Backend):
         super().__init__(names=meta.get("names") or {}, stride=int(meta.get("stride", DEFAULT_STRIDE)),
                          imgsz=tuple(dims[2:]) if static else None, batch=dims[0] if static else None,
                          device=device, fp16=False, metadata=meta, path=str(folder))
+        self.check_detector(*(partial_dims(port.get_partial_shape()) for port in (self.compiled.input(0), self.compiled.output(0))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.compiled(x.detach().cpu().float().numpy())[self.compiled.output(0)]
         return torch.from_numpy(y).float().to(self.device)
+
+
+def partial_dims(shape: Any) -> list[int | None]:
+    """An OpenVINO PartialShape as a list: a length, or None for a dynamic dimension."""
+    return [d.get_length() if d.is_static else None for d in shape]
+
+
+def unreadable_torchscript(path: Path, error: RuntimeError) -> str:
+    """Why torch.jit.load could not read `path`, for the one-line error (a checkpoint renamed, a truncated file, ...)."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    if not zipfile.is_zipfile(path):
+        return "it is not a TorchScript archive (truncated, or another kind of file)"
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(n.endswith("/data.pkl") for n in names) and not any("/code/" in n for n in names):
+        return "it is a PyTorch checkpoint (torch.save), not a TorchScript archive: give it as a .pt file"
+    return f"torch.jit.load cannot read it ({str(error).strip().splitlines()[0][:200]})"
 
 
 def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None) -> Backend:

@@ -30,9 +30,9 @@ from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn.postprocess import augmented_predictions, postprocess, scale_boxes
 from yolo_cb.prediction.backend import Backend, load_backend
-from yolo_cb.prediction.results import Results
+from yolo_cb.prediction.results import Results, encode_image
 from yolo_cb.prediction.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
-from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.files import atomic_write_bytes, create_temp, own_folder, run_dir
 from yolo_cb.utils.log import LOGGER
 
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
@@ -95,7 +95,7 @@ class Predictor:
         self.seen = 0
         self._described = 0  # source items described so far in this call (predictor.batch's third element)
         self.imgsz: tuple[int, int] | None = None
-        self._writers: dict[str, cv2.VideoWriter] = {}
+        self._writers: dict[str, tuple[cv2.VideoWriter, Path, Path]] = {}  # source -> (writer, its temp file, the video)
         self._claimed: dict[tuple[str, str], str] = {}  # (kind, output file name) -> the source it was given to
 
     def run_callbacks(self, event: str) -> None:
@@ -160,9 +160,7 @@ class Predictor:
             for batch in batches(iter_frames(items), size):
                 yield from self._predict_batch(batch, backend, count)
         finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
-            for writer in self._writers.values():
-                writer.release()
-            self._writers.clear()
+            self._finish_videos()
             if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
                 signal.signal(signal.SIGTERM, previous_term)
         if self.save_dir is not None:
@@ -247,31 +245,43 @@ class Predictor:
             return
         stem = Path(r.path).stem
         txt_stem = stem if r.frame is None else f"{stem}_{r.frame}"
-        if self.args.save_txt:
-            txt = self.save_dir / "labels" / self._claim("labels", f"{txt_stem}.txt", r.path)
-            if len(r):
-                r.save_txt(txt, save_conf=bool(self.args.save_conf))
-            else:
-                txt.parent.mkdir(parents=True, exist_ok=True)
-                txt.touch()
+        # save_dir may be an earlier run's folder (exist_ok=True): every file and folder in it is written without following
+        # a link planted there (utils/files.py: own_folder, atomic writes, exclusive creates), so nothing lands elsewhere
+        if self.args.save_txt:  # no boxes: an empty file, as Ultralytics
+            txt = own_folder(self.save_dir, "labels") / self._claim("labels", f"{txt_stem}.txt", r.path)
+            r.save_txt(txt, save_conf=bool(self.args.save_conf))
         if self.args.save_crop:
-            r.save_crop(self.save_dir / "crops", file_name=txt_stem)
+            r.save_crop(own_folder(self.save_dir, "crops"), file_name=txt_stem)
         if not self.args.save:
             return
         plotted = r.plot(line_width=self.args.line_width, labels=bool(self.args.show_labels), conf=bool(self.args.show_conf))
         if r.frame is None:
             suffix = Path(r.path).suffix.lower()
-            name = self._claim("image", Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg", r.path)
-            if not cv2.imwrite(str(self.save_dir / name), plotted):
-                LOGGER.warning(f"could not write {self.save_dir / name}")
+            target = self.save_dir / self._claim("image", Path(r.path).name if suffix in IMG_SUFFIXES else f"{stem}.jpg", r.path)
+            data = encode_image(target, plotted)
+            if data is None:
+                LOGGER.warning(f"could not write {target}")
+            else:
+                atomic_write_bytes(target, data)
             return
-        writer = self._writers.get(r.path)
-        if writer is None:
-            capture = cv2.VideoCapture(r.path)
-            fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
-            capture.release()
-            h, w = plotted.shape[:2]
-            name = self._claim("video", f"{stem}.mp4", r.path)
-            writer = cv2.VideoWriter(str(self.save_dir / name), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
-            self._writers[r.path] = writer
-        writer.write(plotted)
+        if r.path not in self._writers:
+            self._writers[r.path] = self._video_writer(r.path, stem, plotted.shape[:2])
+        self._writers[r.path][0].write(plotted)
+
+    def _video_writer(self, source: str, stem: str, size: tuple[int, int]) -> tuple[cv2.VideoWriter, Path, Path]:
+        """A writer into a new temp file beside the video (created exclusively: never through a link), renamed onto the
+        video when predict ends (_finish_videos)."""
+        capture = cv2.VideoCapture(source)
+        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
+        capture.release()
+        target = self.save_dir / self._claim("video", f"{stem}.mp4", source)
+        fd, temp = create_temp(self.save_dir, f".{target.stem}.", ".tmp.mp4")
+        os.close(fd)
+        h, w = size
+        return cv2.VideoWriter(str(temp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h)), temp, target
+
+    def _finish_videos(self) -> None:
+        for writer, temp, target in self._writers.values():
+            writer.release()
+            os.replace(temp, target)
+        self._writers.clear()

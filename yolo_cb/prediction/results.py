@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from yolo_cb.utils.draw import draw_detections
+from yolo_cb.utils.files import append_bytes, create_new_file, own_folder
 from yolo_cb.utils.log import LOGGER, printable
 
 SUMMARY_COLUMNS = ["name", "class", "confidence", "box"]  # Results.to_df() / to_csv(): Ultralytics' columns, box a dict x1..y2
@@ -260,14 +262,14 @@ class Results:
             right, bottom = min(int(np.ceil(x2)), w), min(int(np.ceil(y2)), h)
             if right <= left or bottom <= top:
                 continue
-            folder = Path(save_dir) / self.names.get(int(cls), str(int(cls)))
-            folder.mkdir(parents=True, exist_ok=True)
-            stem, n = Path(file_name).stem, 2
-            target = folder / f"{stem}.jpg"
-            while target.exists():
-                target, n = folder / f"{stem}{n}.jpg", n + 1
-            if not cv2.imwrite(str(target), np.ascontiguousarray(self.orig_img[top:bottom, left:right])):
-                raise OSError(f"could not write the crop {target}")
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+            folder = own_folder(Path(save_dir), class_folder(self.names.get(int(cls), str(int(cls))), int(cls)))
+            encoded, data = cv2.imencode(".jpg", np.ascontiguousarray(self.orig_img[top:bottom, left:right]))
+            if not encoded:
+                raise OSError(f"could not encode the crop of {self.path} as JPEG")
+            fd, target = create_new_file(folder, Path(file_name).stem, ".jpg")  # never over a file or through a link
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.tobytes())
             written.append(str(target))
         return written
 
@@ -280,9 +282,26 @@ class Results:
             lines.append(line + (f" {score:.6f}" if save_conf else ""))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in lines)
+        append_bytes(path, "".join(line + "\n" for line in lines).encode("utf-8"))  # a link at `path` is replaced, never followed
         return str(path)
+
+
+def class_folder(name: str, cls: int) -> str:
+    """A class name as one folder name inside crops/: a name is data, so its control characters are escaped (as printed),
+    '/' and '\\' become '_', and '', '.' or '..' (the folder itself or its parent) become the class id; cut to 200 bytes."""
+    plain = "".join("_" if c in "/\\\0" else c for c in printable(name)).encode("utf-8", "replace")[:200].decode("utf-8", "ignore")
+    return plain if plain not in ("", ".", "..") else str(cls)
+
+
+def encode_image(path: Path, image: np.ndarray) -> bytes | None:
+    """The bytes of `image` in the format `path`'s suffix names (.jpg, .png, ...), or None when OpenCV cannot write it."""
+    import cv2
+
+    try:
+        encoded, data = cv2.imencode(Path(path).suffix or ".jpg", image)
+    except cv2.error:
+        return None
+    return data.tobytes() if encoded else None
 
 
 @functools.cache

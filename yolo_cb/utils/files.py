@@ -101,6 +101,58 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def own_folder(root: Path, *parts: str) -> Path:
+    """root/parts..., each part created as a real folder: a symbolic link planted at one (in an output folder reused with
+    exist_ok=True) is removed, never followed, so nothing is written through it into the place it names."""
+    folder = Path(root)
+    for part in parts:
+        folder = folder / part
+        if folder.is_symlink():
+            folder.unlink()
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir() or folder.is_symlink():
+                raise WriteError(f"cannot write into {folder}: it is not a folder; remove it or choose another name=",
+                                 errno.ENOTDIR, str(folder)) from None
+        except OSError as error:
+            raise write_error(error, folder) from error
+    return folder
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    """`data` appended to the regular file `path` (created when missing) as a new file renamed over it: a link planted
+    at `path` (symbolic, or hard to a file elsewhere) is replaced by our own file, and the file it names keeps its bytes."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        if error.errno not in (errno.ENOENT, errno.ELOOP):
+            raise write_error(error, path) from error
+        old = b""  # missing, or a symbolic link: nothing of ours to keep
+    else:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1  # a hard link's bytes belong to another name too
+            old = f.read() if ours else b""
+    atomic_write_bytes(path, old + data)
+
+
+def create_new_file(folder: Path, stem: str, suffix: str) -> tuple[int, Path]:
+    """(fd, path) of a new file folder/<stem><suffix>, else <stem>2<suffix>, <stem>3<suffix>, ...: created exclusively and
+    without following links, so an existing file is never overwritten and a link planted at a name is skipped."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    n = 1
+    while True:
+        path = Path(folder) / f"{stem}{n if n > 1 else ''}{suffix}"
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            n += 1
+        except OSError as error:
+            raise write_error(error, path) from error
+
+
 def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Path:
     """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder.
 

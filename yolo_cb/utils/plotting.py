@@ -13,8 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from yolo_cb.utils.files import atomic_write_bytes
+from yolo_cb.utils.log import printable
 
 MAX_LEGEND_CLASSES = 20  # draw one line per class (with a legend) up to this many classes, else grey lines
+
+
+def plot_text(name: object) -> str:
+    """A class name as a plot shows it: control characters escaped (matplotlib printed a raw ESC in its missing-glyph
+    warning) and '$' kept literal (two of them started mathtext, which a stray one breaks)."""
+    return printable(name).replace("$", r"\$")
 
 
 def _figure(size=(9, 6)):
@@ -39,7 +46,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: dict[int, str] | Sequence[s
     matrix = np.asarray(matrix, dtype=float)
     if normalize:
         matrix = matrix / (matrix.sum(0, keepdims=True) + 1e-9)
-    labels = [str(n) for n in (names.values() if isinstance(names, dict) else names)] + ["background"]
+    labels = [plot_text(n) for n in (names.values() if isinstance(names, dict) else names)] + ["background"]
     n = len(matrix)
     fig = _figure((12, 9) if n > 12 else (8, 6.5))
     ax = fig.add_subplot(111)
@@ -69,7 +76,7 @@ def plot_pr_curve(recall: np.ndarray, precision: np.ndarray, ap50: np.ndarray, n
     precision = np.asarray(precision).reshape(-1, len(recall))
     for y, ap, name in zip(precision, ap50, names, strict=True):
         if len(precision) <= MAX_LEGEND_CLASSES:
-            ax.plot(recall, y, linewidth=1, label=f"{name} {ap:.3f}")
+            ax.plot(recall, y, linewidth=1, label=f"{plot_text(name)} {ap:.3f}")
         else:
             ax.plot(recall, y, linewidth=1, color="grey")
     if len(precision):
@@ -91,7 +98,7 @@ def plot_mc_curve(px: np.ndarray, py: np.ndarray, names: Sequence[str], save_pat
     py = np.asarray(py).reshape(-1, len(px))
     for y, name in zip(py, names, strict=True):
         if len(py) <= MAX_LEGEND_CLASSES:
-            ax.plot(px, y, linewidth=1, label=str(name))
+            ax.plot(px, y, linewidth=1, label=plot_text(name))
         else:
             ax.plot(px, y, linewidth=1, color="grey")
     if len(py):
