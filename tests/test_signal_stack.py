@@ -63,11 +63,14 @@ def run_child(load: str, tmp_path: Path, shape_output: str = "") -> subprocess.C
 
 
 def test_openvino_alone_leaves_a_dangling_signal_stack(tmp_path):
-    """The library's own behaviour, which the fix works around: if a later OpenVINO keeps the stack, this says so."""
+    """The library's own behaviour, which the fix works around: if a later OpenVINO keeps the stack, this says so. The
+    stack it leaves points into unmapped memory: the SIGCHLD that follows crashes the process when that memory was not
+    mapped again in between, which is chance (about 1 run in 3 survived here), so only the dangling stack is asserted."""
     raw = run_child(RAW, tmp_path)
     if "stack kept: True" in raw.stdout:
         pytest.skip("this OpenVINO leaves the signal stack as it found it: kept_signal_stack is no longer needed")
-    assert raw.returncode == -signal.SIGSEGV and "alive" not in raw.stdout, (raw.returncode, raw.stdout, raw.stderr[-2000:])
+    assert "stack kept: False" in raw.stdout, (raw.returncode, raw.stdout, raw.stderr[-2000:])
+    assert raw.returncode in (0, -signal.SIGSEGV), (raw.returncode, raw.stdout, raw.stderr[-2000:])
 
 
 def test_models_loaded_by_yolo_cb_keep_the_signal_stack(tmp_path):
