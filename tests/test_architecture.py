@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.training",),  # the trainer: planning a run, building its parts, the step, resume, signals, saving
     ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
     # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
+    ("yolo_cb.plan",),  # one plan per run: settings, checkpoint, world size, callbacks
     ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
     ("yolo_cb.tune", "yolo_cb.tune.ray_backend"),  # studies of trainings: Optuna's, or Ray Tune's (backend=ray)
     ("yolo_cb.model_habits", "yolo_cb.model"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade

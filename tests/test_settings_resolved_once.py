@@ -8,6 +8,7 @@ import pytest
 import yolo_cb.cli
 import yolo_cb.config
 import yolo_cb.model
+import yolo_cb.plan
 import yolo_cb.training.resume
 from yolo_cb import YOLO
 
@@ -27,7 +28,7 @@ def resolutions(monkeypatch):
         calls.append(args)
         return original(*args, **kwargs)
 
-    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.training.resume, yolo_cb.cli):
+    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.plan, yolo_cb.training.resume, yolo_cb.cli):
         monkeypatch.setattr(module, "get_config", counted)
     return calls
 

@@ -19,11 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.assembly.assemble import build_trainer_callbacks
-from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.config import get_config
+from yolo_cb.plan import plan_worker, world_size_for
 from yolo_cb.training.trainer import SIGNAL_EXIT, Trainer
-from yolo_cb.utils.log import LOGGER, setup_logging
+from yolo_cb.utils.log import LOGGER
 
 
 def _signal_exits() -> dict:
@@ -36,12 +34,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def world_size_for(args) -> int:
-    """Processes to start: the GPU list's length for device=0,1,...; else nproc."""
-    devices = [d for d in str(args.device or "").split(",") if d.strip()]
-    return len(devices) if len(devices) > 1 else int(args.nproc)
 
 
 def gpu_list(device) -> list[str]:
@@ -140,16 +132,13 @@ def worker(payload_path: str) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     os.chdir(payload["cwd"])
-    args = get_config(payload["args"])
+    plan = plan_worker(payload["args"], payload["callbacks"], payload["model"], payload["resume"])
     rank = int(os.environ["RANK"])
-    setup_logging(args.verbose)
     if rank != 0:
         import logging
 
         logging.getLogger("yolo_cb").setLevel(logging.WARNING)
-    trainer = Trainer(args, callbacks=build_trainer_callbacks(args, payload["callbacks"]), model=payload["model"])
-    if payload["resume"]:
-        trainer.resume_ckpt = load_checkpoint(payload["resume"])  # the trainer finds (and verifies) its run folder
+    trainer = plan.trainer(Trainer)  # the trainer finds (and verifies) the run folder of a resumed checkpoint
     try:
         metrics = trainer.train()
     except KeyboardInterrupt:

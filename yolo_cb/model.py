@@ -11,7 +11,6 @@ in-training validator), val, predict and export.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from torch import nn
 from yolo_cb import paths
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.assembly.builtin import LOOP_STEPS
-from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
 from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
@@ -31,14 +29,13 @@ from yolo_cb.data.resolve import require_local
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.export.exporter import Exporter
-from yolo_cb.launch import launch_ddp, world_size_for
+from yolo_cb.launch import launch_ddp
 from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
-from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.summary import log_summary, model_info
+from yolo_cb.plan import RunPlan, plan_run
 from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
-from yolo_cb.training import resume
 from yolo_cb.training.resume import finished_run
 from yolo_cb.training.trainer import Trainer
 from yolo_cb.training.trainer_hooks import refuse_unread_hooks
@@ -183,22 +180,14 @@ class YOLO(ModelHabits):
         resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
         trainer_class = _trainer_class(kwargs.pop("trainer", None))
         source, model_named = self._train_source(kwargs.pop("model", None))
-        kwargs, resuming = resume.plan(kwargs, model=source if model_named else None)
-        loaded = self.loaded_module if resuming is None and source == self.source else None  # after load(): starts from it
-        if resuming is not None and resuming.finished:
-            setup_logging(resuming.args.verbose)
-            return self._finished_run(resuming, kwargs)
-        args, source = (resuming.args, source) if resuming is not None else fresh_train_args(kwargs, source, resolved)
-        setup_logging(args.verbose)
-        check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
-
-        if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:  # under torchrun the workers already exist
-            return self._train_ddp(args, trainer_class, source, resuming, loaded)
-        start = None if resuming is not None else loaded if loaded is not None else source
-        trainer = trainer_class(args, callbacks=build_trainer_callbacks(args, self.callbacks), model=start)
-        if resuming is not None:
-            trainer.resume_ckpt = resuming.ckpt  # the trainer verifies the run folder it belongs to (args.resume is its path)
-        self.trainer = trainer
+        loaded = self.loaded_module if source == self.source else None  # after load(): a fresh run starts from it
+        plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded)
+        if plan.finished is not None:
+            return self._finished_run(plan.finished, kwargs)
+        if plan.launches_workers:  # several processes, and no torchrun made them
+            return self._train_ddp(plan, trainer_class)
+        self.trainer = trainer = plan.trainer(trainer_class)
+        args = plan.args
         self.metrics = final_metrics(trainer.train(), trainer.validator)
         best = trainer.wdir / ("best.pt" if trainer.restore_best else "last.pt")  # restore_best=False: the last epoch's
         if best.is_file():
@@ -213,18 +202,18 @@ class YOLO(ModelHabits):
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         return (str(named), True) if named is not None else (self.source, self.model_named)
 
-    def _train_ddp(self, args, trainer_class: type, source: Any, resuming, loaded: nn.Module | None = None) -> DetectionMetrics:
+    def _train_ddp(self, plan: RunPlan, trainer_class: type) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
-        if loaded is not None:
+        if isinstance(plan.start, nn.Module):
             raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
                               "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
         if trainer_class is not Trainer:
             raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
-        values = launch_ddp(args, self.callbacks, model=source if resuming is None else None,
-                            resume=str(resuming.path) if resuming is not None else None)
+        values = launch_ddp(plan.args, self.callbacks, model=plan.start,
+                            resume=str(plan.resume_path) if plan.resume_path is not None else None)
         self.source = str(values.pop("_best_pt", self.source))
-        self._keep_overrides(args)
+        self._keep_overrides(plan.args)
         self.metrics = DetectionMetrics(values)
         return self.metrics
 
@@ -326,46 +315,25 @@ class DetectionTrainer(Trainer):
     (model= included; resume= too), `_callbacks` a Callbacks or a mapping event -> functions. Built by train(trainer=...),
     it is a Trainer like any other."""
 
-    def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: Any = None, *, callbacks: Any = None, model: Any = None):
-        if isinstance(cfg, Config):  # YOLO().train(trainer=DetectionTrainer subclass): the facade resolved the settings
-            super().__init__(cfg, callbacks=callbacks, model=model)
+    def __init__(self, cfg: Any = None, overrides: dict | None = None, _callbacks: Any = None, *, callbacks: Any = None, model: Any = None,
+                 resume: Any = None):
+        if isinstance(cfg, Config):  # YOLO().train(trainer=DetectionTrainer subclass): the facade planned the run
+            super().__init__(cfg, callbacks=callbacks, model=model, resume=resume)
             return
         refuse_unread_hooks(type(self), Trainer)
-        args, source, resuming = _direct_train_args({**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})})
         user = Callbacks()
         for event, fns in (_callbacks.items() if _callbacks is not None else ()):
             for fn in fns:
                 user.add_callback(event, fn)
-        super().__init__(args, callbacks=build_trainer_callbacks(args, user), model=source if resuming is None else None)
-        if resuming is not None:
-            self.resume_ckpt = resuming.ckpt
+        given = {**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})}
+        named = given.pop("model", None)
+        plan = plan_run(given, named or str(DEFAULT_MODEL), named is not None, user)
+        if plan.finished is not None:
+            raise ConfigError(f"{plan.resume_path} is from a finished run: there is nothing to resume. YOLO('{plan.resume_path}')"
+                              f".train(resume=True) says what it holds; to train further start a new run from it (model={plan.resume_path})")
+        if plan.launches_workers:
+            raise ConfigError("DetectionTrainer(overrides=...) cannot launch DDP workers itself (nproc / a device list > 1): use "
+                              "YOLO(model).train(...), which does, or run your script under torchrun")
+        super().__init__(plan.args, callbacks=plan.callbacks, model=plan.start, resume=plan.checkpoint)
 
 
-def _direct_train_args(overrides: dict) -> tuple[Any, Any, Any]:
-    """(settings, model source, the resume or None) of a trainer built directly; a finished run or a self-launched DDP run
-    is refused (those need YOLO().train(), which handles them)."""
-    source = overrides.pop("model", None)
-    overrides, resuming = resume.plan(overrides, model=source)
-    if resuming is not None and resuming.finished:
-        raise ConfigError(f"{resuming.path} is from a finished run: there is nothing to resume. YOLO('{resuming.path}').train(resume=True) "
-                          f"says what it holds; to train further start a new run from it (model={resuming.path})")
-    args, source = (resuming.args, source) if resuming is not None else fresh_train_args(overrides, source or DEFAULT_MODEL)
-    if "LOCAL_RANK" not in os.environ and world_size_for(args) > 1:
-        raise ConfigError("DetectionTrainer(overrides=...) cannot launch DDP workers itself (nproc / a device list > 1): use "
-                          "YOLO(model).train(...), which does, or run your script under torchrun")
-    setup_logging(args.verbose)
-    return args, source, resuming
-
-
-def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None):
-    """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
-    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
-    overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
-    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
-    weights = resolve_weights(source, args.weights_dir)
-    if weights is not source:
-        source = args.model = str(weights)
-    args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
-    if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
-        load_model_cfg(source)
-    return args, source

@@ -53,7 +53,7 @@ class Trainer(TrainerSurface):
     the loop, which calls each part of the recipe by name.
     """
 
-    def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None):
+    def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None, resume: Checkpoint | None = None):
         self.args = args
         self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
         if args.model is None and isinstance(model, (str, Path)):
@@ -70,7 +70,7 @@ class Trainer(TrainerSurface):
         self.clock = Clock()
         self.output = EpochOutput()  # the epoch's record and the image files written in it: training/epoch_record.py
         self.recipe = RecipeParts.from_args(args)  # monitor, early stopping, LR schedule, saver, results.csv: called by name
-        self.resume_ckpt: Checkpoint | None = None  # the checkpoint a resume continues (load_checkpoint's)
+        self.resume_ckpt = resume  # the checkpoint a resume continues (the plan's; its run folder is verified in place.py)
         self.exception: BaseException | None = None
         self.restore_best = bool(args.restore_best)
 

@@ -23,7 +23,7 @@ from yolo_cb.config import ALIASES, coerce, get_config, load_defaults
 from yolo_cb.data.resolve import check_data
 from yolo_cb.errors import ConfigError, UserError
 from yolo_cb.integrations.mlflow import public_uri
-from yolo_cb.launch import world_size_for
+from yolo_cb.plan import world_size_for
 from yolo_cb.recipe.optim import resolve_optimizer
 from yolo_cb.settings_schema import RULES
 from yolo_cb.training.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings

@@ -1,0 +1,97 @@
+"""One plan per training run: `plan_run` decides, once and in this module, everything a run is before it starts.
+
+The settings (resolved once, sealed by the trainer), the model it starts from, the checkpoint a resume continues, the
+number of processes, and the callbacks — for `YOLO.train`, the CLI (which hands its resolved settings in), `resume=`
+paths, `resume=auto`, `DetectionTrainer(overrides=...)`, tune trials (each a `YOLO.train`) and DDP workers
+(`plan_worker`, from the launcher's payload). The trainer is made from the plan (`RunPlan.trainer`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yolo_cb.assembly.assemble import build_trainer_callbacks
+from yolo_cb.assembly.catalog import check_callback_names
+from yolo_cb.callbacks.dispatch import Callbacks
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
+from yolo_cb.checkpoints.weights import resolve_weights
+from yolo_cb.config import Config, get_config
+from yolo_cb.nn.build import load_model_cfg
+from yolo_cb.training import resume
+from yolo_cb.training.resume import ResumePlan
+from yolo_cb.utils.log import setup_logging
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A training run, decided. `finished`: a resume of a run that ended (nothing to train: `resume.finished_run`)."""
+
+    args: Config  # the settings, resolved once; the trainer seals them
+    start: Any  # what the model starts from: a model YAML, weights, a module load()ed in memory; None on resume
+    checkpoint: Checkpoint | None  # the checkpoint a resume continues (its run folder is verified by the trainer)
+    resume_path: Path | None  # that checkpoint's file
+    finished: ResumePlan | None  # resume= of a run that ended
+    world_size: int  # processes to train in (> 1: this process launches DDP workers, unless torchrun did)
+    callbacks: Callbacks | None  # this process's callbacks, placed (None for a finished run, or a DDP launcher)
+
+    @property
+    def launches_workers(self) -> bool:
+        return self.finished is None and self.callbacks is None
+
+    def trainer(self, trainer_class: type) -> Any:
+        """The trainer of this plan (a Trainer subclass)."""
+        return trainer_class(self.args, callbacks=self.callbacks, model=self.start, resume=self.checkpoint)
+
+
+def world_size_for(args: Config) -> int:
+    """Processes to start: the GPU list's length for device=0,1,...; else nproc."""
+    devices = [d for d in str(args.device or "").split(",") if d.strip()]
+    return len(devices) if len(devices) > 1 else int(args.nproc)
+
+
+def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = False, user: Callbacks | None = None,
+             resolved: Config | None = None, loaded: Any = None) -> RunPlan:
+    """The plan of train(**overrides) of `model` (`model_named`: the user named it, so resume=True may mean it);
+    `user`: the facade's callbacks; `resolved`: the CLI's settings of exactly these overrides (not resolved again);
+    `loaded`: a module load()ed in memory, which a fresh run of `model` starts from."""
+    overrides, resuming = resume.plan(dict(overrides), model=model if model_named else None)
+    if resuming is not None and resuming.finished:
+        setup_logging(resuming.args.verbose)
+        return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming, 1, None)
+    if resuming is not None:
+        args, start = resuming.args, None
+    else:
+        args, start = fresh_train_args(overrides, model, resolved)
+        start = loaded if loaded is not None else start
+    setup_logging(args.verbose)
+    check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
+    world = world_size_for(args)
+    launcher = world > 1 and "LOCAL_RANK" not in os.environ  # its workers build their callbacks (plan_worker)
+    return RunPlan(args, start, resuming.ckpt if resuming else None, resuming.path if resuming else None, None, world,
+                   None if launcher else build_trainer_callbacks(args, user))
+
+
+def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_path: str | None) -> RunPlan:
+    """A DDP worker's plan, from the launcher's payload: the launcher's settings (resolved in this new process once),
+    its callbacks built here, the checkpoint read here."""
+    args = get_config(settings)
+    setup_logging(args.verbose)
+    ckpt = load_checkpoint(resume_path) if resume_path else None
+    return RunPlan(args, model, ckpt, Path(resume_path) if resume_path else None, None, 1, build_trainer_callbacks(args, user))
+
+
+def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None) -> tuple[Config, Any]:
+    """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
+    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
+    overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
+    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    weights = resolve_weights(source, args.weights_dir)
+    if weights is not source:
+        source = args.model = str(weights)
+    args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
+    if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
+        load_model_cfg(source)
+    return args, source
