@@ -112,16 +112,29 @@ def test_stop_set_by_a_callback_stops_the_run(tiny):
     assert trainer.state.stop.flag is True and trainer.stop_cause == StopCause.CALLBACK
 
 
-def test_the_names_write_the_run_state():
+# the names a callback may write: the controls (docs/callbacks.md, "Controls"); every other name is read-only
+WRITABLE = ("stop", "stop_reason", "restore_best", "patience", "loss", "validate_every_epoch")
+
+
+def test_only_the_controls_are_writable_and_the_rest_read_the_run_state():
     from yolo_cb.config import get_config
+    from yolo_cb.training.run_state import TrainerName
     from yolo_cb.training.trainer import Trainer
 
+    names = {n: d for klass in reversed(Trainer.__mro__) for n, d in vars(klass).items() if isinstance(d, TrainerName)}
+    assert sorted(n for n, d in names.items() if d.control) == sorted(WRITABLE)
     trainer = Trainer(get_config({"epochs": 3}))
     assert trainer.epochs == trainer.state.progress.epochs == 3 and trainer.completed_epoch == -1
-    trainer.epoch, trainer.best_fitness, trainer.metrics = 2, 0.5, {"fitness": 0.5}
-    trainer.stop, trainer.stop_reason = True, "enough"
+    for name in sorted(set(names) - set(WRITABLE)):
+        with pytest.raises(AttributeError, match=rf"trainer\.{name} is read-only .*controls"):
+            setattr(trainer, name, None)
+    for name in ("lr_schedule", "monitor", "epoch_record", "best", "last", "is_main"):  # plain properties: no setter at all
+        with pytest.raises(AttributeError):
+            setattr(trainer, name, None)
     state = trainer.state
-    assert (state.progress.epoch, state.best.fitness, state.metrics.values) == (2, 0.5, {"fitness": 0.5})
+    state.progress.epoch, state.best.fitness, state.metrics.values = 2, 0.5, {"fitness": 0.5}  # the trainer's own writes
+    assert (trainer.epoch, trainer.best_fitness, trainer.metrics) == (2, 0.5, {"fitness": 0.5})
+    trainer.stop, trainer.stop_reason = True, "enough"
     assert state.stop.flag is True and state.stop.reason == "enough"
     trainer.request_stop(StopCause.TARGET, "later")  # the first stop kept its (missing) cause: this one fills it in
     assert state.stop.cause == StopCause.TARGET and trainer.stop_reason == "later"

@@ -130,5 +130,5 @@ class Checkpointer:
             LOGGER.info(f"validating {best}")
             trainer.validator.plot = True
             model = model_from_checkpoint(stripped_best or best).to(trainer.device)
-            trainer.metrics, trainer.metrics_epoch = dict(trainer.validator(model=model)), trainer.best_epoch  # best.pt's epoch
+            trainer.state.metrics.values, trainer.state.metrics.epoch = dict(trainer.validator(model=model)), trainer.best_epoch  # best.pt's epoch
             trainer.validator.plot = False

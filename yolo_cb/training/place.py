@@ -73,7 +73,7 @@ class Place:
             return
         if clean_exit:
             distributed.barrier()
-        trainer.model = unwrap(trainer.model)
+        trainer.parts.model = unwrap(trainer.model)
         gc.collect()
         if self.owns_process_group:
             torch.distributed.destroy_process_group()

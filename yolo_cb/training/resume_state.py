@@ -90,28 +90,28 @@ def load_state(trainer, ckpt: Checkpoint) -> None:
         trainer.ema.updates = int(ckpt.ema_updates)
     if ckpt.scaler and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(ckpt.scaler)
-    trainer.start_epoch = int(ckpt.epoch) + 1
-    trainer.completed_epoch = trainer.start_epoch - 1
+    trainer.state.progress.start_epoch = int(ckpt.epoch) + 1
+    trainer.state.progress.completed_epoch = trainer.start_epoch - 1
     callback_states = dict(ckpt.callbacks or {})
     legacy_best = legacy_best_epoch(callback_states)  # older files: early stopping's own best, now the run's one best
     callback_states.pop(LEGACY_STATE, None)
     best_epoch = ckpt.best_epoch if ckpt.best_epoch is not None else legacy_best
-    trainer.best_fitness, trainer.best_epoch, trainer.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
-    trainer.metrics = dict(ckpt.metrics or {})
-    trainer.metrics_epoch, trainer.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
+    trainer.state.best.fitness, trainer.state.best.epoch, trainer.state.metrics.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
+    trainer.state.metrics.values = dict(ckpt.metrics or {})
+    trainer.state.metrics.epoch, trainer.state.metrics.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
     if isinstance(trainer.criterion, YOLOXLoss):
         trainer.criterion.set_l1(bool(ckpt.use_l1))
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
-    trainer.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
+    trainer.step.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
     trainer.recipe.load_states(ckpt.recipe, callback_states)
     trainer.callbacks.load_state_dict(callback_states)
     restore_rng(ckpt, trainer.world_size, trainer.rank)
-    trainer.optimizer_steps = int(ckpt.optimizer_steps)
+    trainer.state.progress.optimizer_steps = int(ckpt.optimizer_steps)
     skip = resume_batches(ckpt, trainer.num_batches, trainer.world_size, trainer.args.batch)
-    trainer.epoch, trainer.batches_done = min(trainer.start_epoch, trainer.epochs - 1), skip  # where a save before the loop resumes
+    trainer.state.progress.epoch, trainer.state.progress.batches_done = min(trainer.start_epoch, trainer.epochs - 1), skip  # where a save before the loop resumes
     if skip:
-        trainer.stepped = True
-        trainer.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
+        trainer.state.progress.stepped = True
+        trainer.state.progress.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
     check_same_dataset(ckpt, trainer.data, trainer.args.resume)
     if trainer.start_epoch >= trainer.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {trainer.epochs} epochs are trained; finishing the run (final validation of best.pt)")
@@ -159,11 +159,11 @@ def continue_epoch(trainer) -> int:
     """At the start of the first resumed epoch of a mid-epoch checkpoint: skip the batches already trained (their indices
     drawn, nothing loaded), take back that epoch's mean losses and accumulated gradients; the batches skipped (0: none)."""
     state: MidEpoch | None = trainer.mid_epoch
-    trainer.mid_epoch = None
+    trainer.state.progress.mid_epoch = None
     if state is None:
         return 0
     trainer.train_loader.skip_next(state.batches)
-    trainer.tloss = state.tloss
+    trainer.state.losses.tloss = state.tloss
     grads: dict[str, Any] | None = state.grads
     for name, p in unwrap(trainer.model).named_parameters():
         if grads and name in grads:

@@ -81,35 +81,43 @@ class RunState:
     stop: Stop = field(default_factory=Stop)
 
 
-def state_field(group: str, name: str, doc: str = "") -> property:
-    """A Trainer property reading and writing `trainer.state.<group>.<name>`."""
-
-    def get(trainer):
-        return getattr(getattr(trainer.state, group), name)
-
-    def put(trainer, value):
-        setattr(getattr(trainer.state, group), name, value)
-
-    return property(get, put, doc=doc or f"trainer.state.{group}.{name}")
+CONTROLS_HINT = ("callbacks steer the run through the controls: stop / request_stop, withdraw_stop, end_after, "
+                 "validate_each_epoch, patience, restore_best, set_lr, loss (docs/callbacks.md, \"Controls\")")
 
 
-def delegate(holder: str, name: str, doc: str = "") -> property:
-    """A Trainer property reading and writing `trainer.<holder>.<name>` (a collaborator's attribute under its usual name)."""
+class TrainerName:
+    """A name callbacks read on the trainer, kept at `path` below it (state.progress.epoch, parts.model, ...). Only a
+    control (`control=True`) may be written through it; a write of any other is an AttributeError naming the controls."""
 
-    path = holder.split(".")  # a dotted holder: recipe.early_stop
+    def __init__(self, path: str, doc: str = "", control: bool = False):
+        self.path, self.control, self.__doc__ = path.split("."), control, doc or f"trainer.{path}"
+        self.name = self.path[-1]
 
-    def owner(trainer):
-        for step in path:
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def _holder(self, trainer: Any) -> Any:
+        for step in self.path[:-1]:
             trainer = getattr(trainer, step)
         return trainer
 
-    def get(trainer):
-        return getattr(owner(trainer), name)
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        return self if trainer is None else getattr(self._holder(trainer), self.path[-1])
 
-    def put(trainer, value):
-        setattr(owner(trainer), name, value)
+    def __set__(self, trainer: Any, value: Any) -> None:
+        if not self.control:
+            raise AttributeError(f"trainer.{self.name} is read-only (the run's {'.'.join(self.path)}); {CONTROLS_HINT}")
+        setattr(self._holder(trainer), self.path[-1], value)
 
-    return property(get, put, doc=doc or f"trainer.{holder}.{name}")
+
+def state_field(group: str, name: str, doc: str = "", control: bool = False) -> TrainerName:
+    """`trainer.state.<group>.<name>` under a trainer name."""
+    return TrainerName(f"state.{group}.{name}", doc, control)
+
+
+def delegate(holder: str, name: str, doc: str = "", control: bool = False) -> TrainerName:
+    """A collaborator's attribute under its usual name: `trainer.<holder>.<name>` (a dotted holder: recipe.early_stop)."""
+    return TrainerName(f"{holder}.{name}", doc, control)
 
 
 # Where an epoch's time goes, each a column of results.csv and a scalar of every logger (time/<phase>_ms). Host time:

@@ -139,7 +139,7 @@ class BatchStep:
         """trainer.loss_items (on the CPU, as callbacks read them) and whether the total is finite, in ONE device-to-host
         copy: on CUDA each copy waits for the GPU, and two per batch (the items, then the finite check) stalled it twice."""
         values = torch.stack([self.loss.detach().float(), *(loss_dict[n].detach().float() for n in trainer.criterion.loss_names)]).cpu()
-        trainer.loss_items = values[1:]
+        trainer.state.losses.loss_items = values[1:]
         return bool(torch.isfinite(values[0]))
 
     def skip_nonfinite(self, trainer) -> None:

@@ -24,15 +24,16 @@ class TrainerSurface:
     completed_epoch, batch_i, batches_done = (state_field("progress", n) for n in ("completed_epoch", "batch_i", "batches_done"))
     optimizer_steps, stepped, save_step_due = (state_field("progress", n) for n in ("optimizer_steps", "stepped", "save_step_due"))
     loop_done, mid_epoch, setup_done = (state_field("progress", n) for n in ("loop_done", "mid_epoch", "setup_done"))
-    validate_every_epoch = state_field("progress", "validate_every_epoch")
+    validate_every_epoch = state_field("progress", "validate_every_epoch", "A control: True validates after every epoch (validate_each_epoch()).", control=True)
     loss_items, tloss = state_field("losses", "loss_items"), state_field("losses", "tloss")
     metrics, metrics_epoch = state_field("metrics", "values"), state_field("metrics", "epoch")
     fitness, monitor_value, lr = (state_field("metrics", n) for n in ("fitness", "monitor_value", "lr"))
     best_fitness, best_epoch, improved = (state_field("best", n) for n in ("fitness", "epoch", "improved"))
-    stop = state_field("stop", "flag", "Set True from any callback to end the run at the next batch or epoch boundary on every rank.")
-    stop_cause, stop_reason = state_field("stop", "cause"), state_field("stop", "reason")
-    restore_best = state_field("stop", "restore_best", "A control: after early stopping, end on best.pt's weights (True) or the last epoch's.")
-    patience = delegate("recipe.early_stop", "patience", "A control: epochs without improvement before early stopping ends the run (0: never).")
+    stop = state_field("stop", "flag", "A control: True ends the run at the next batch or epoch boundary on every rank.", control=True)
+    stop_cause = state_field("stop", "cause")
+    stop_reason = state_field("stop", "reason", "A control: why the run stops (with trainer.stop = True).", control=True)
+    restore_best = state_field("stop", "restore_best", "A control: after early stopping, end on best.pt's weights (True) or the last epoch's.", control=True)
+    patience = delegate("recipe.early_stop", "patience", "A control: epochs without improvement before early stopping ends the run (0: never).", control=True)
     # --- and the collaborators' -------------------------------------------------------------------------------------
     model, ema, optimizer, criterion = (delegate("parts", n) for n in ("model", "ema", "optimizer", "criterion"))
     train_loader, test_loader, validator = (delegate("parts", n) for n in ("train_loader", "test_loader", "validator"))
@@ -40,7 +41,8 @@ class TrainerSurface:
     frozen, num_batches = delegate("parts", "frozen"), delegate("parts", "num_batches")
     monitor = property(lambda t: t.recipe.monitor, doc="The monitored metric (recipe/monitor.py): what best.pt, top-k and early stopping follow.")
     lr_schedule = property(lambda t: t.recipe.schedule, doc="The LR schedule (recipe/schedule.py); None with lr_scheduler=none or module:Class.")
-    batch, loss, batch_instances, batch_size_px = (delegate("step", n) for n in ("batch", "loss", "batch_instances", "batch_size_px"))
+    batch, batch_instances, batch_size_px = (delegate("step", n) for n in ("batch", "batch_instances", "batch_size_px"))
+    loss = delegate("step", "loss", "A control in on_train_batch_loss_end: the loss this batch backpropagates.", control=True)
     scaler, amp_dtype, use_amp, accumulate = (delegate("step", n) for n in ("scaler", "amp_dtype", "use_amp", "accumulate"))
     last_opt_step, global_batch, warmup_iters = (delegate("step", n) for n in ("last_opt_step", "global_batch", "warmup_iters"))
     warmup_bias_lr, momentum, optimizer_name = (delegate("step", n) for n in ("warmup_bias_lr", "momentum", "optimizer_name"))
@@ -84,13 +86,13 @@ class TrainerSurface:
     def request_stop(self, cause: StopCause, reason: str) -> None:
         """End the run at the next batch or epoch boundary on every rank; the first cause given is kept."""
         if not self.stop or self.stop_cause is None:
-            self.stop, self.stop_cause, self.stop_reason = True, StopCause(cause), reason
+            self.stop, self.state.stop.cause, self.stop_reason = True, StopCause(cause), reason
 
     def withdraw_stop(self, cause: StopCause) -> bool:
         """Withdraw a pending stop of `cause` (one of another cause stands: a signal, the time limit); True if withdrawn."""
         if not (self.stop and self.stop_cause == StopCause(cause)):
             return False
-        self.stop, self.stop_cause, self.stop_reason = False, None, ""
+        self.stop, self.state.stop.cause, self.stop_reason = False, None, ""
         return True
 
     def end_after(self, epochs: int) -> None:
@@ -100,7 +102,7 @@ class TrainerSurface:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or not max(done, 1) <= epochs <= planned:
             raise ValueError(f"trainer.end_after({epochs!r}): expected an integer from {max(done, 1)} (epochs completed) "
                              f"to {planned} (the planned epochs)")
-        self.epochs = epochs
+        self.state.progress.epochs = epochs
 
     def set_lr(self, lr: float, group: int | None = None) -> None:
         """Set the LR of one parameter group (every group when None); the LR schedule continues from it."""

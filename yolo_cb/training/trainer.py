@@ -120,10 +120,10 @@ class Trainer(TrainerSurface):
                 self.signals.raise_on_signal(self)
                 LOGGER.info(f"stopping before epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}; epoch {epoch + 1} is not trained")
                 break
-            self.epoch = epoch
+            self.state.progress.epoch = epoch
             self._train_epoch()
             self.signals.raise_on_signal(self)
-            self.completed_epoch, self.stepped = epoch, False
+            self.state.progress.completed_epoch, self.state.progress.stepped = epoch, False
             self._validate_and_save()
             self.run_callbacks("on_fit_epoch_end")
             if self.is_main and self.recipe.saver.active:  # a callback's state changed since the save: last.pt again
@@ -135,13 +135,13 @@ class Trainer(TrainerSurface):
             if epoch + 1 >= self.epochs:  # the last epoch (trainer.end_after may have shortened the run)
                 break
             self.run_callbacks("on_params_update")  # the LR schedule set the next epoch's LR before the checkpoint
-        self.loop_done = True
+        self.state.progress.loop_done = True
 
     def _finish(self) -> None:
         """Validate best.pt on rank 0, share the metrics, on_train_end (a signal during either still exits 130 / 143)."""
         if self.is_main:
             self.checkpointer.validate_best(self)
-        self.metrics = distributed.broadcast_object(self.metrics)
+        self.state.metrics.values = distributed.broadcast_object(self.metrics)
         self.signals.agree_to_stop(self)
         self.signals.raise_on_signal(self)
         if self.restore_best and self.stop_cause == StopCause.EARLY_STOPPING:
@@ -166,29 +166,29 @@ class Trainer(TrainerSurface):
         args = self.args
         self.place.join_distributed(args.device)
         if self.world_size == 1:
-            self.device = select_device(args.device)
+            self.place.device = select_device(args.device)
         resume_state.agree_on_checkpoint(self)  # under DDP: every rank on rank 0's checkpoint
         make_save_dir(self)
         self.run_callbacks("on_pretrain_routine_start")
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
-        self.data = build.check_data(args, self.rank)
+        self.parts.data = build.check_data(args, self.rank)
         self._build_model()
         loaders = build.build_loaders(args, self.data, self.rank, self.is_main)
-        self.train_loader, self.test_loader, self.parts.extra_val = loaders.train, loaders.test, loaders.extra
+        self.parts.train_loader, self.parts.test_loader, self.parts.extra_val = loaders.train, loaders.test, loaders.extra
         self.parts.num_batches = len(loaders.train)
         planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)
-        self.optimizer = adopt_optimizer(self.build_optimizer(self.model, **planned))
-        self.ema = ModelEMA(self.model) if self.is_main else None
+        self.parts.optimizer = adopt_optimizer(self.build_optimizer(self.model, **planned))
+        self.parts.ema = ModelEMA(self.model) if self.is_main else None
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)
         self._wrap_forward()
-        self.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
+        self.parts.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
         self._start_recipe()
         if self.metrics_epoch is None and not self.metrics:
-            self.metrics = build.placeholder_metrics(self.loss_names, self.data)
+            self.state.metrics.values = build.placeholder_metrics(self.loss_names, self.data)
             self.recipe.monitor.value(self.metrics)  # monitor= names a metric of this run, or the run stops here, before any epoch
-        self.setup_done = True
+        self.state.progress.setup_done = True
         if args.verbose and self.is_main:
             LOGGER.info("callbacks, per event in firing order:\n" + self.callbacks.table())
         self.run_callbacks("on_pretrain_routine_end")
@@ -224,33 +224,33 @@ class Trainer(TrainerSurface):
             self._wrap_forward()
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
-        self.tloss = None
+        self.state.losses.tloss = None
         self.new_images.clear()
         skip = resume_state.continue_epoch(self)  # a mid-epoch resume: the batches already trained are skipped
-        self.batches_done = skip
+        self.state.progress.batches_done = skip
         self.clock.mark = perf_counter()
         for batch_i, batch in enumerate(self.train_loader, start=skip):
             self.clock.spent("data", self.clock.mark)  # the wait for this batch
-            self.batch_i, self.batch = batch_i, batch
+            self.state.progress.batch_i, self.step.batch = batch_i, batch
             steps = self.optimizer_steps
             if self.recipe.schedule is not None:
                 self.recipe.schedule.warmup_batch(self.epoch, batch_i, self.num_batches)
             self._train_batch()
-            self.batches_done = batch_i + 1
+            self.state.progress.batches_done = batch_i + 1
             n = self.args.save_steps
-            self.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
+            self.state.progress.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
             if self.save_step_due:
                 self.checkpointer.gather_rank_rng(self)
                 if self.is_main and self.recipe.saver.active:
                     self.recipe.saver.save_step(self._checkpoint_bytes(), self.wdir)
             self.run_callbacks("on_train_batch_end")
-            self.save_step_due = False
+            self.state.progress.save_step_due = False
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
                 self.request_stop(StopCause.TIME_LIMIT, f"time limit of {self.args.time} h reached")
             if self.signals.agree_to_stop(self):
                 break
             self.clock.mark = perf_counter()
-        self.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
+        self.state.metrics.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
         self.run_callbacks("on_train_epoch_end")
 
     def _train_batch(self) -> None:
@@ -297,20 +297,20 @@ class Trainer(TrainerSurface):
         return final or periodic or self.stop or (self.args.val and self.validate_every_epoch)
 
     def _validate_and_save(self) -> None:
-        self.improved = False
+        self.state.best.improved = False
         if self._should_validate():
             start = perf_counter()
             metrics, fitness = self.validate()
             self.clock.spent("val", start)
-            self.fitness = float(fitness)
-            self.metrics, self.metrics_epoch = {**metrics, "fitness": self.fitness}, self.epoch  # monitor=fitness follows validate()
-            self.monitor_value = self.recipe.monitor.value(self.metrics)
+            self.state.metrics.fitness = float(fitness)
+            self.state.metrics.values, self.state.metrics.epoch = {**metrics, "fitness": self.fitness}, self.epoch  # monitor=fitness follows validate()
+            self.state.metrics.monitor_value = self.recipe.monitor.value(self.metrics)
             if self.recipe.monitor.improved(self.monitor_value, self.best_fitness):
-                self.best_fitness, self.improved = self.monitor_value, True
+                self.state.best.fitness, self.state.best.improved = self.monitor_value, True
         elif self.best_fitness is None:
-            self.improved = True  # nothing validated yet: best.pt follows last.pt
+            self.state.best.improved = True  # nothing validated yet: best.pt follows last.pt
         if self.improved:
-            self.best_epoch = self.epoch
+            self.state.best.epoch = self.epoch
         self._stop_early()
         self.checkpointer.gather_rank_rng(self)
         self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
