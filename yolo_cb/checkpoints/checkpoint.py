@@ -216,16 +216,15 @@ def model_from_checkpoint(ckpt: Checkpoint | str | Path, verbose: bool = False):
     return model.float().eval()
 
 
-def restore_best_weights(trainer) -> bool:
-    """Load best.pt's weights into trainer.model and its EMA (restore_best); False when there is no best.pt."""
-    best = trainer.best
+def restore_best_weights(best: Path | None, model: torch.nn.Module, ema_model: torch.nn.Module | None) -> bool:
+    """Load best.pt's weights into the model (unwrapped from DDP) and the EMA's (restore_best); False without best.pt."""
     if best is None or not best.is_file():
         return False
     ckpt = load_checkpoint(best)
-    model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
+    model = model.module if hasattr(model, "module") else model
     load_weights_strictly(model, ckpt.model, f"checkpoint '{best}'")
-    if trainer.ema is not None and ckpt.ema:
-        load_weights_strictly(trainer.ema.ema, ckpt.ema, f"checkpoint '{best}'")
+    if ema_model is not None and ckpt.ema:
+        load_weights_strictly(ema_model, ckpt.ema, f"checkpoint '{best}'")
     LOGGER.info(f"restore_best: the model holds best.pt's weights (epoch {int(ckpt.epoch) + 1}), not those of the last epoch")
     return True
 

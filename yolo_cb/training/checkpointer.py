@@ -36,9 +36,9 @@ class Checkpointer:
             self.fingerprint = resume.dataset_fingerprint(data)
         return self.fingerprint
 
-    def gather_rank_rng(self, trainer) -> None:
+    def gather_rank_rng(self, world_size: int) -> None:
         """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""
-        if trainer.world_size > 1:
+        if world_size > 1:
             self.rank_rng = distributed.gather_object(rng_states())
 
     def checkpoint_dict(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> dict:

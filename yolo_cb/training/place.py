@@ -9,9 +9,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from yolo_cb.checkpoints.checkpoint import Checkpoint
 from yolo_cb.config import save_config
 from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.recipe.ema import unwrap
@@ -60,7 +62,7 @@ class Place:
         if self.rank > 0:
             LOGGER.setLevel(logging.WARNING)  # one rank speaks; the others only warn
 
-    def leave_distributed(self, trainer, clean_exit: bool) -> None:
+    def leave_distributed(self, parts: Any, clean_exit: bool) -> None:
         """Leave DDP so that no rank exits while another still talks to it, and destroy the group exactly once.
 
         DDP's reducer holds a reference to the process group: destroy_process_group() alone only unregisters
@@ -73,7 +75,7 @@ class Place:
             return
         if clean_exit:
             distributed.barrier()
-        trainer.parts.model = unwrap(trainer.model)
+        parts.model = unwrap(parts.model)
         gc.collect()
         if self.owns_process_group:
             torch.distributed.destroy_process_group()
@@ -94,11 +96,12 @@ def ddp_backend(use_cuda: bool, local_world: int, gpus: int) -> str:
     return "nccl" if use_cuda and local_world <= gpus else "gloo"
 
 
-def make_save_dir(trainer) -> None:
-    """The run folder, on rank 0 made and locked (a second run there is refused), shared with every rank."""
-    place, args, ckpt = trainer.place, trainer.args, trainer.resume_ckpt
+def make_save_dir(place: Place, args: Any, ckpt: Checkpoint | None) -> None:
+    """The run folder, on rank 0 made and locked (a second run there is refused), shared with every rank; `ckpt`: the
+    checkpoint a resume continues (its run folder, verified)."""
     folder, refusal = place.save_dir, None
-    if trainer.is_main:
+    is_main = place.rank in (-1, 0)
+    if is_main:
         try:
             folder = folder or (resume.run_folder(args, ckpt) if ckpt is not None else run_dir(args, "train"))
             place.run_lock = lock_run_folder(folder)  # one run per folder: a second one is refused before writing
@@ -109,7 +112,7 @@ def make_save_dir(trainer) -> None:
         raise RunFolderInUse(refusal)
     place.save_dir = Path(folder)
     place.wdir = place.save_dir / "weights"
-    if trainer.is_main:
+    if is_main:
         place.wdir.mkdir(parents=True, exist_ok=True)
         remove_stale_temp_files(place.save_dir, place.wdir)
         save_config(args, place.save_dir / "args.yaml")

@@ -96,18 +96,18 @@ class TrainerName:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def _holder(self, trainer: Any) -> Any:
+    def _holder(self, obj: Any) -> Any:
         for step in self.path[:-1]:
-            trainer = getattr(trainer, step)
-        return trainer
+            obj = getattr(obj, step)
+        return obj
 
-    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
-        return self if trainer is None else getattr(self._holder(trainer), self.path[-1])
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(self._holder(obj), self.path[-1])
 
-    def __set__(self, trainer: Any, value: Any) -> None:
+    def __set__(self, obj: Any, value: Any) -> None:
         if not self.control:
             raise AttributeError(f"trainer.{self.name} is read-only (the run's {'.'.join(self.path)}); {CONTROLS_HINT}")
-        setattr(self._holder(trainer), self.path[-1], value)
+        setattr(self._holder(obj), self.path[-1], value)
 
 
 def state_field(group: str, name: str, doc: str = "", control: bool = False) -> TrainerName:

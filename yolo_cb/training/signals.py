@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from yolo_cb.recipe.stop import StopCause
+from yolo_cb.training.run_state import Stop
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -24,7 +27,8 @@ class SignalWatch:
         self.agreed = False  # every rank knows of the signal and stopped at the same batch: a save there is exact
         self._previous: dict = {}
 
-    def install(self, trainer) -> None:
+    def install(self, request_stop: Callable[[StopCause, str], None]) -> None:
+        """Handlers that ask for a stop through `request_stop` (the trainer's control); a second signal aborts at once."""
         if threading.current_thread() is not threading.main_thread():  # handlers can only be installed from the main thread
             return
 
@@ -32,7 +36,7 @@ class SignalWatch:
             if self.signum is not None:  # a second signal: stop now
                 raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[signum])
             self.signum = signum
-            trainer.request_stop(StopCause.SIGNAL, f"{signal.Signals(signum).name} received")
+            request_stop(StopCause.SIGNAL, f"{signal.Signals(signum).name} received")
             LOGGER.warning(f"{signal.Signals(signum).name} received: stopping at the end of this batch and saving last.pt (again to abort now)")
 
         for sig in SIGNAL_EXIT:
@@ -43,11 +47,10 @@ class SignalWatch:
             signal.signal(sig, old)
         self._previous = {}
 
-    def agree_to_stop(self, trainer) -> bool:
-        """Combine trainer.stop and any received signal over all ranks (one all-reduce), so every rank stops together."""
-        stop, signum = distributed.max_over_ranks([trainer.stop, self.signum or 0], trainer.flag_device)
+    def agree_to_stop(self, state: Stop, flag_device: Any) -> bool:
+        """Combine the stop flag and any received signal over all ranks (one all-reduce), so every rank stops together."""
+        stop, signum = distributed.max_over_ranks([state.flag, self.signum or 0], flag_device)
         self.agreed = self.agreed or bool(signum)
-        state = trainer.state.stop
         if signum and self.signum is None:
             self.signum = signum
             state.cause = state.cause or StopCause.SIGNAL
@@ -59,9 +62,10 @@ class SignalWatch:
             state.cause = StopCause.CALLBACK
         return bool(stop)
 
-    def raise_on_signal(self, trainer) -> None:
-        """After a SIGINT/SIGTERM/SIGUSR1: leave the loop as an interrupt (exit 130 / 143 / 138 on the CLI)."""
-        if self.signum is not None and self.agreed and not trainer.loop_done:
-            trainer.checkpointer.gather_rank_rng(trainer)  # every rank is here (they agreed at the same batch): the save that follows is exact
+    def raise_on_signal(self, before_exit: Callable[[], None]) -> None:
+        """After a SIGINT/SIGTERM/SIGUSR1: leave the loop as an interrupt (exit 130 / 143 / 138 on the CLI). When every rank
+        agreed at the same batch, `before_exit` runs first on each (the trainer gathers the RNG states its save needs)."""
+        if self.signum is not None and self.agreed:
+            before_exit()
         if self.signum is not None:
             raise KeyboardInterrupt if self.signum == signal.SIGINT else SystemExit(SIGNAL_EXIT[self.signum])

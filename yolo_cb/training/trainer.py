@@ -92,7 +92,7 @@ class Trainer(TrainerSurface):
     # --- the run ------------------------------------------------------------------------
     def train(self) -> dict:
         """Run the whole training; teardown always fires; errors re-raise after last.pt and on_exception."""
-        self.signals.install(self)
+        self.signals.install(self.request_stop)
         previous_state = save_process_state(LOGGER)
         try:
             self._setup()
@@ -109,27 +109,27 @@ class Trainer(TrainerSurface):
             self.signals.restore()
             self.run_callbacks("teardown")
             close_loaders(self.train_loader, self.test_loader, *self.parts.extra_val.values())
-            self.place.leave_distributed(self, clean_exit=self.exception is None)
+            self.place.leave_distributed(self.parts, clean_exit=self.exception is None)
             restore_process_state(previous_state, LOGGER)
             self.place.release()
 
     def _fit(self) -> None:
         """The epochs: train, validate and save, on_fit_epoch_end; stop when every rank agrees to."""
         for epoch in range(self.start_epoch, self.epochs):
-            if self.signals.agree_to_stop(self):  # set before the epoch's first batch (on_pretrain_routine_*, on_train_start, ...)
-                self.signals.raise_on_signal(self)
+            if self._agree_to_stop():  # set before the epoch's first batch (on_pretrain_routine_*, on_train_start, ...)
+                self._raise_on_signal()
                 LOGGER.info(f"stopping before epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}; epoch {epoch + 1} is not trained")
                 break
             self.state.progress.epoch = epoch
             self._train_epoch()
-            self.signals.raise_on_signal(self)
+            self._raise_on_signal()
             self.state.progress.completed_epoch, self.state.progress.stepped = epoch, False
             self._validate_and_save()
             self.run_callbacks("on_fit_epoch_end")
             if self.is_main and self.recipe.saver.active:  # a callback's state changed since the save: last.pt again
                 self.recipe.saver.keep_up(self._saved_state(), self._checkpoint_bytes, self.wdir)
-            if self.signals.agree_to_stop(self):
-                self.signals.raise_on_signal(self)
+            if self._agree_to_stop():
+                self._raise_on_signal()
                 LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
                 break
             if epoch + 1 >= self.epochs:  # the last epoch (trainer.end_after may have shortened the run)
@@ -142,14 +142,14 @@ class Trainer(TrainerSurface):
         if self.is_main:
             self.checkpointer.validate_best(self)
         self.state.metrics.values = distributed.broadcast_object(self.metrics)
-        self.signals.agree_to_stop(self)
-        self.signals.raise_on_signal(self)
+        self._agree_to_stop()
+        self._raise_on_signal()
         if self.restore_best and self.stop_cause == StopCause.EARLY_STOPPING:
-            restore_best_weights(self)  # the model ends on best.pt's weights, not those of the epoch it stopped at
+            restore_best_weights(self.best, self.model, self.ema.ema if self.ema else None)  # best.pt's weights, not the last epoch's
         if self.is_main and self.args.plots and self.args.save:
             self.plot_metrics()
         self.run_callbacks("on_train_end")
-        self.signals.raise_on_signal(self)
+        self._raise_on_signal()
         self._log_callback_stats()
 
     def _fail(self, error: BaseException) -> None:
@@ -168,7 +168,7 @@ class Trainer(TrainerSurface):
         if self.world_size == 1:
             self.place.device = select_device(args.device)
         resume_state.agree_on_checkpoint(self)  # under DDP: every rank on rank 0's checkpoint
-        make_save_dir(self)
+        make_save_dir(self.place, args, self.resume_ckpt)
         self.run_callbacks("on_pretrain_routine_start")
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
         self.parts.data = build.check_data(args, self.rank)
@@ -240,14 +240,14 @@ class Trainer(TrainerSurface):
             n = self.args.save_steps
             self.state.progress.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
             if self.save_step_due:
-                self.checkpointer.gather_rank_rng(self)
+                self.checkpointer.gather_rank_rng(self.world_size)
                 if self.is_main and self.recipe.saver.active:
                     self.recipe.saver.save_step(self._checkpoint_bytes(), self.wdir)
             self.run_callbacks("on_train_batch_end")
             self.state.progress.save_step_due = False
             if self.args.time and self.elapsed > self.args.time * 3600 and not self.stop:
                 self.request_stop(StopCause.TIME_LIMIT, f"time limit of {self.args.time} h reached")
-            if self.signals.agree_to_stop(self):
+            if self._agree_to_stop():
                 break
             self.clock.mark = perf_counter()
         self.state.metrics.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
@@ -312,7 +312,7 @@ class Trainer(TrainerSurface):
         if self.improved:
             self.state.best.epoch = self.epoch
         self._stop_early()
-        self.checkpointer.gather_rank_rng(self)
+        self.checkpointer.gather_rank_rng(self.world_size)
         self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
         if self.recipe.schedule is not None:  # the next epoch's LR, before the checkpoint that holds it
             self.recipe.schedule.next_epoch(self.epoch, self.metrics, self.validated_this_epoch)
@@ -330,6 +330,13 @@ class Trainer(TrainerSurface):
         reason = self.recipe.early_stop.reason(self.epoch, self.best_epoch, self.recipe.monitor.key, self.best_fitness)
         if reason:
             self.request_stop(StopCause.EARLY_STOPPING, reason)
+
+    def _agree_to_stop(self) -> bool:
+        return self.signals.agree_to_stop(self.state.stop, self.flag_device)
+
+    def _raise_on_signal(self) -> None:
+        """Leave as an interrupt after a signal; when the ranks agreed mid-run, with the RNG states the save needs."""
+        self.signals.raise_on_signal(lambda: self.loop_done or self.checkpointer.gather_rank_rng(self.world_size))
 
     def _log_callback_stats(self) -> None:
         """The closing line: what yolo-cb's own callbacks cost against the run's wall time, then the slowest callbacks."""
