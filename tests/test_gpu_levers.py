@@ -93,15 +93,20 @@ def test_compile_off_and_a_bad_value():
 
 
 def test_one_host_copy_per_batch_gives_the_items_and_the_finite_check():
-    from yolo_cb.training.step import BatchStep
+    from types import SimpleNamespace
+
+    from yolo_cb.training.run_state import Clock, RunState
+    from yolo_cb.training.step import BatchStep, StepBinding
 
     class Criterion:
         loss_names = ("box", "cls")
 
-    trainer = type("T", (), {"criterion": Criterion(), "loss_items": None})()
+    state = RunState()
     step = BatchStep(64)
+    step.bind(StepBinding(None, SimpleNamespace(criterion=Criterion()), state, Clock(), print, torch.device("cpu"), None))
     step.loss = torch.tensor(3.0, requires_grad=True) * 1
-    assert step.read_losses(trainer, {"box": torch.tensor(1.0), "cls": torch.tensor(2.0)}) is True
-    assert trainer.loss_items.tolist() == [1.0, 2.0] and trainer.loss_items.device.type == "cpu"
+    assert step.read_losses({"box": torch.tensor(1.0), "cls": torch.tensor(2.0)}) is True
+    items = state.losses.loss_items
+    assert items.tolist() == [1.0, 2.0] and items.device.type == "cpu"
     step.loss = torch.tensor(float("nan"))
-    assert step.read_losses(trainer, {"box": torch.tensor(1.0), "cls": torch.tensor(2.0)}) is False
+    assert step.read_losses({"box": torch.tensor(1.0), "cls": torch.tensor(2.0)}) is False

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from time import perf_counter
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
+from yolo_cb.training.run_state import Clock, RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -57,6 +60,20 @@ class NonFiniteLossError(RuntimeError):
     """The loss was NaN/inf for too many batches in a row."""
 
 
+class StepBinding(NamedTuple):
+    """What the step works with during a run, bound once at setup (`BatchStep.bind`): the settings, the run's parts
+    (model, compiled forward, criterion, optimizer, EMA: build.Parts), its state (losses, progress), the clock, `fire`
+    (an event to the callbacks, with the trainer as their argument), the device and where the rank flags live."""
+
+    args: Any
+    parts: Any
+    state: RunState
+    clock: Clock
+    fire: Callable[[str], None]
+    device: torch.device
+    flag_device: Any
+
+
 class BatchStep:
     """Forward, backward and the optimizer step of one batch, with what they carry from batch to batch."""
 
@@ -74,6 +91,10 @@ class BatchStep:
         self.warmup_bias_lr = 0.0
         self.optimizer_name, self.momentum = "", 0.0
         self.nonfinite_in_a_row = 0
+        self.run_with: StepBinding | None = None  # set once the run's parts exist (bind)
+
+    def bind(self, binding: StepBinding) -> None:
+        self.run_with = binding
 
     def plan_optimizer(self, args, device: torch.device, world_size: int, num_batches: int, dataset_size: int,
                        epochs: int) -> dict:
@@ -93,12 +114,13 @@ class BatchStep:
         self.last_opt_step = -1
         return {"name": args.optimizer, "lr": args.lr0, "momentum": args.momentum, "decay": decay, "iterations": iterations}
 
-    def run(self, trainer) -> None:
-        """Train on trainer.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
-        trainer.run_callbacks("on_train_batch_start")
-        clock, start = trainer.clock, perf_counter()
-        args, device = trainer.args, trainer.device
-        ni = trainer.batch_i + trainer.num_batches * trainer.epoch
+    def run(self, epoch: int, batch_i: int, num_batches: int) -> None:
+        """Train on self.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
+        bound = self.run_with
+        bound.fire("on_train_batch_start")
+        clock, start = bound.clock, perf_counter()
+        args, device = bound.args, bound.device
+        ni = batch_i + num_batches * epoch
         self.warmup_accumulate(ni, args.nbs)
         images = self.batch["img"].to(device, non_blocking=True).float() / 255  # non_blocking: the loader pins memory on CUDA
         if args.channels_last:
@@ -106,77 +128,79 @@ class BatchStep:
         targets = self.batch["targets"].to(device, non_blocking=True)
         self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
         with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
-            loss_dict = self.forward(trainer)(images, targets)
+            loss_dict = self.forward(bound.parts)(images, targets)
         read = self.loss = loss_dict["total"]
-        finite = self.read_losses(trainer, loss_dict)
+        finite = self.read_losses(loss_dict)
         clock.spent("forward", start)
-        trainer.run_callbacks("on_train_batch_loss_end")
+        bound.fire("on_train_batch_loss_end")
         if self.loss is not read:  # a callback replaced the loss (trainer.loss = ...): the guard checks what will be backpropagated
             finite = bool(torch.isfinite(self.loss.detach()).all())
-        if distributed.any_rank(not finite, trainer.flag_device):
-            self.skip_nonfinite(trainer)
+        if distributed.any_rank(not finite, bound.flag_device):
+            self.skip_nonfinite(epoch, batch_i)
             return
         self.nonfinite_in_a_row = 0
-        losses, i = trainer.state.losses, trainer.batch_i
+        losses, i = bound.state.losses, batch_i
         losses.tloss = losses.loss_items if losses.tloss is None else (losses.tloss * i + losses.loss_items) / (i + 1)
         # scaling by batch/nbs makes the accumulated gradient a mean over the nominal batch
         # DDP averages gradients over ranks; * world_size makes that a sum over the global batch
         start = perf_counter()
         self.scaler.scale(self.loss * self.global_batch / args.nbs).backward()
         clock.spent("backward", start)
-        trainer.run_callbacks("on_after_backward")
+        bound.fire("on_after_backward")
         if ni - self.last_opt_step >= self.accumulate:
-            self.optimizer_step(trainer, ni)
+            self.optimizer_step(ni)
             self.last_opt_step = ni
 
     @staticmethod
-    def forward(trainer):
+    def forward(parts):
         """The module the batch runs through: compile='s torch.compile over the model, else the model."""
-        compiled = trainer.parts.compiled
-        return compiled if compiled is not None else trainer.model  # not `or`: a module's truth value is its len()
+        compiled = parts.compiled
+        return compiled if compiled is not None else parts.model  # not `or`: a module's truth value is its len()
 
-    def read_losses(self, trainer, loss_dict: dict) -> bool:
+    def read_losses(self, loss_dict: dict) -> bool:
         """trainer.loss_items (on the CPU, as callbacks read them) and whether the total is finite, in ONE device-to-host
         copy: on CUDA each copy waits for the GPU, and two per batch (the items, then the finite check) stalled it twice."""
-        values = torch.stack([self.loss.detach().float(), *(loss_dict[n].detach().float() for n in trainer.criterion.loss_names)]).cpu()
-        trainer.state.losses.loss_items = values[1:]
+        names = self.run_with.parts.criterion.loss_names
+        values = torch.stack([self.loss.detach().float(), *(loss_dict[n].detach().float() for n in names)]).cpu()
+        self.run_with.state.losses.loss_items = values[1:]
         return bool(torch.isfinite(values[0]))
 
-    def skip_nonfinite(self, trainer) -> None:
+    def skip_nonfinite(self, epoch: int, batch_i: int) -> None:
         self.nonfinite_in_a_row += 1
-        LOGGER.warning(f"WARNING non-finite loss {self.loss.item()} at epoch {trainer.epoch + 1} batch {trainer.batch_i}: step skipped "
+        LOGGER.warning(f"WARNING non-finite loss {self.loss.item()} at epoch {epoch + 1} batch {batch_i}: step skipped "
                        f"({self.nonfinite_in_a_row}/{MAX_NONFINITE_IN_A_ROW} in a row)")
-        trainer.optimizer.zero_grad(set_to_none=True)
+        self.run_with.parts.optimizer.zero_grad(set_to_none=True)
         if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-            raise NonFiniteLossError(f"the loss was NaN/inf for {self.nonfinite_in_a_row} batches in a row (epoch {trainer.epoch + 1}, "
-                                     f"batch {trainer.batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
+            raise NonFiniteLossError(f"the loss was NaN/inf for {self.nonfinite_in_a_row} batches in a row (epoch {epoch + 1}, "
+                                     f"batch {batch_i}); last.pt holds the weights before. Try a lower lr0, amp=False or check the labels.")
 
-    def optimizer_step(self, trainer, ni: int) -> None:
-        optimizer, clock = trainer.optimizer, trainer.clock
+    def optimizer_step(self, ni: int) -> None:
+        bound = self.run_with
+        optimizer, clock, parts = bound.parts.optimizer, bound.clock, bound.parts
         start = perf_counter()
         sync_late_groups(optimizer, ni)  # unfrozen layers' own warmup: their LR follows the schedule's times a ramp
         self.scaler.unscale_(optimizer)
         clock.spent("optimizer", start)
-        trainer.run_callbacks("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
+        bound.fire("on_before_optimizer_step")  # unscaled, accumulated gradients; before clipping
         start = perf_counter()
-        if trainer.args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=clip_norm(trainer.args.grad_clip, trainer.args.nbs))
+        if bound.args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(parts.model.parameters(), max_norm=clip_norm(bound.args.grad_clip, bound.args.nbs))
         self.scaler.step(optimizer)
         self.scaler.update()
-        progress = trainer.state.progress
+        progress = bound.state.progress
         progress.stepped = True
         progress.optimizer_steps += 1
         clock.spent("optimizer", start)
-        trainer.run_callbacks("optimizer_step")
-        trainer.run_callbacks("on_before_zero_grad")
+        bound.fire("optimizer_step")
+        bound.fire("on_before_zero_grad")
         start = perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        if trainer.ema is not None:
-            trainer.ema.update(trainer.model)
+        if parts.ema is not None:
+            parts.ema.update(parts.model)
         clock.spent("optimizer", start)
 
     def warmup_accumulate(self, ni: int, nbs: int) -> None:
-        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the lr_schedule callback's."""
+        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the LR schedule's."""
         if ni > self.warmup_iters:
             return
         self.accumulate = max(1, int(np.interp(ni, [0, self.warmup_iters], [1, nbs / self.global_batch]).round()))

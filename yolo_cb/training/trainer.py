@@ -37,7 +37,7 @@ from yolo_cb.training.recipe_parts import RecipeParts
 from yolo_cb.training.run_state import Clock, Progress, RunState
 from yolo_cb.training.saver import EpochOutcome
 from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
-from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError  # noqa: F401  (public names)
+from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding  # noqa: F401  (public names)
 from yolo_cb.training.surface import TrainerSurface
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.device import select_device
@@ -179,6 +179,7 @@ class Trainer(TrainerSurface):
         planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)
         self.parts.optimizer = adopt_optimizer(self.build_optimizer(self.model, **planned))
         self.parts.ema = ModelEMA(self.model) if self.is_main else None
+        self.step.bind(StepBinding(args, self.parts, self.state, self.clock, self.run_callbacks, self.device, self.flag_device))
         if self.resume_ckpt is not None:
             resume_state.load_state(self, self.resume_ckpt)
         self._wrap_forward()
@@ -254,7 +255,7 @@ class Trainer(TrainerSurface):
         self.run_callbacks("on_train_epoch_end")
 
     def _train_batch(self) -> None:
-        self.step.run(self)
+        self.step.run(self.epoch, self.batch_i, self.num_batches)
 
     # --- Ultralytics' steps a subclass may override: the loop calls them by name --------------------------------
     def build_optimizer(self, model, name: str = "auto", lr: float = 0.001, momentum: float = 0.9, decay: float = 1e-5,
