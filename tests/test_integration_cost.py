@@ -68,3 +68,35 @@ def test_closing_line_gives_the_total_and_share_of_the_defaults(three_epochs):
     # the figures are printed rounded (own to 0.01 s, wall to 0.1 s, share to 0.1 %): the share they can give
     low, high = 100 * (own - 0.005) / (wall + 0.05), 100 * (own + 0.005) / max(wall - 0.05, 1e-9)
     assert low - 0.05 <= share <= high + 0.05, (share, low, high)
+
+
+MLFLOW_THREAD_PROBE = """
+import sys, threading
+seen = []  # the thread that imports mlflow (the "import" audit event: an import, not a find_spec)
+sys.addaudithook(lambda event, args: seen.append(threading.current_thread().name) if event == "import" and args[0] == "mlflow" else None)
+from yolo_cb import YOLO
+model = YOLO("yolox-nano.yaml")
+model.train(data=sys.argv[1], project=sys.argv[2], name="exp", imgsz=64, batch=8, epochs=2, workers=0, mosaic=0.0, plots=False,
+            mlflow=True, tensorboard=False, onnx_check=False, warmup_epochs=0.0, fraction=0.25)
+print("mlflow imported by:", seen)
+"""
+
+
+def test_mlflow_is_imported_and_called_off_the_training_thread(tmp_path, shapes_small_yaml):
+    """MLflow's import (~1 s of CPU) and its store's setup happen on the integration's own thread, never on the one that
+    trains (on 72370ed the training thread imported it in on_pretrain_routine_end); the run is logged all the same."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-c", MLFLOW_THREAD_PROBE, str(shapes_small_yaml), str(tmp_path / "runs")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "mlflow imported by: ['MLflow']" in done.stdout, done.stdout[-500:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("runs").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["epochs"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/iou_loss")] == [0, 1]
+    assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}

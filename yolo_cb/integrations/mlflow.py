@@ -197,12 +197,10 @@ class MLflow:
         self.tracking_uri: str | None = None
         self.owns_run = False  # we created (or reopened) the run, so we end it
         self.off = False  # switched off after a failure (one warning)
-        self.uploaded: set[str] = set()
-        self.resume_state: dict = {}
+        self.uploaded, self.resume_state = set(), {}  # artifacts sent ("<folder>/<name>"); the checkpoint's state
         self.worker = Worker("MLflow", self._fail)
-        self.started = None  # set once the start job has run (threading.Event)
-        self.saved_levels: list = []  # (logger, level) of the loggers muted while the worker runs
-        self.added_env: list[str] = []  # HTTP_ENV keys we set, removed at the end
+        self.pending = self.started = None  # on_pretrain_routine_end's (where, names, settings); the start job's Event
+        self.saved_levels, self.added_env = [], []  # (logger, level) muted while the worker runs; HTTP_ENV keys we set
 
     # --- checkpoint state: a resumed training continues its run ----------------------------
     def state_dict(self) -> dict:
@@ -211,7 +209,6 @@ class MLflow:
     def load_state_dict(self, state: dict) -> None:
         self.resume_state = dict(state or {})
 
-    # --- plumbing -----------------------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
         """Warn once, switch MLflow off; training goes on (called from the worker thread too)."""
         if not self.off:
@@ -254,7 +251,14 @@ class MLflow:
         self.added_env = [k for k in HTTP_ENV if k not in os.environ]  # short HTTP retries until _restore (main thread:
         for key in self.added_env:  # os.environ is not safe to change from another thread)
             os.environ[key] = HTTP_ENV[key]
-        self.started = self._submit(self._start, where, names, settings)
+        self.pending = (where, names, settings)
+
+    def on_train_start(self, trainer):
+        """The thread starts after the other integrations' start-up (ONNX check, graph trace): MLflow's import (~1 s of
+        Python) holds the interpreter lock against them; the epoch's tensor maths releases it."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.started = self._submit(self._start, *pending)
 
     def _where(self, trainer) -> dict:
         """Where to log, decided in the main thread (MLflow's active run is per thread); a SQLite store is checked here."""
@@ -327,7 +331,6 @@ class MLflow:
         for i in range(0, len(params), BATCH):
             self.client.log_batch(self.run_id, params=params[i : i + BATCH])
 
-    # --- per epoch ---------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer):
         """The first epoch's checkpoint names the run (a resume continues it): wait for the run to exist, once."""
         started, self.started = self.started, None
@@ -352,7 +355,6 @@ class MLflow:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
         self.uploaded.add(f"{artifact_path or ''}/{path.name}")
 
-    # --- end ---------------------------------------------------------------------------------
     def on_train_end(self, trainer):
         self._submit(self._log_files, Path(trainer.save_dir))
         self._close("FINISHED", FLUSH_TIMEOUT_S)
@@ -377,16 +379,14 @@ class MLflow:
 
     def _close(self, status: str, timeout: float) -> None:
         """End the run we own (not a reused active run) with `status`, waiting at most `timeout` s for the queued work."""
-        if self.worker.thread is None:
-            self._restore()
-            return
-        self.worker.submit(self._end, status, always=True)
-        if not self.worker.finish(min(timeout, CLOSE_TIMEOUT_S) if self.off else timeout) and not self.off:
-            self.off = True
-            LOGGER.warning(f"WARNING MLflow: the metrics and files queued for MLflow were not all sent within {timeout:.0f} s "
-                           f"(the store is slow or unreachable); the MLflow run may miss the last of them (training is done)")
+        if self.worker.thread is not None:
+            self.worker.submit(self._end, status, always=True)
+            if not self.worker.finish(min(timeout, CLOSE_TIMEOUT_S) if self.off else timeout) and not self.off:
+                self.off = True
+                LOGGER.warning(f"WARNING MLflow: the metrics and files queued for MLflow were not all sent within {timeout:.0f} s "
+                               f"(the store is slow or unreachable); the MLflow run may miss the last of them (training is done)")
+            self.worker = Worker("MLflow", self._fail)  # a later event (teardown after on_train_end) starts nothing old
         self._restore()
-        self.worker = Worker("MLflow", self._fail)  # a later event (teardown after on_train_end) starts nothing old
 
     def _end(self, status: str) -> None:
         run_id, self.run_id = self.run_id, None
