@@ -7,7 +7,8 @@ resolved when a callback is registered, so dispatch walks a ready tuple; each ca
     python benchmarks/callbacks.py --against ../main/yolo_cb/callbacks/dispatch.py   # A/B, interleaved, against another engine
 
 What the default callbacks cost in a real training (issue 44): the training in a fresh process per run, its closing
-line's figure (yolo-cb's own callbacks, seconds and share of the training's wall time) and the process's wall time,
+line's figure (yolo-cb's own callbacks, seconds and share of the training's wall time), the process's wall time and
+its CPU time (all threads: work moved to a background thread still counts there),
 interleaved A B A B over code trees (each a checkout's root) and/or with the integrations off:
 
     python benchmarks/callbacks.py --cost demo --trees . ../main --rounds 3            # the demo's training, this tree vs main
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -106,27 +109,32 @@ def cost_once(tree: Path, run: str, off: bool, folder: Path) -> dict:
     """One training in a fresh process on the code of `tree`: its closing line's figures and the process's wall time."""
     args = [*COST_RUNS[run], *(INTEGRATIONS_OFF if off else []), f"project={folder}", "name=run"]
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    start = time.perf_counter()
+    start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "yolo_cb", "train", *args], cwd=folder, env=env, capture_output=True, text=True)
-    process_s = time.perf_counter() - start
+    process_s, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime  # every thread of the process: a background one too
     match = CLOSING.search(done.stdout + done.stderr)
     if done.returncode or not match:
         raise RuntimeError(f"{tree} {run}: exit {done.returncode}\n{(done.stdout + done.stderr)[-2000:]}")
     own, share, wall = (float(g) for g in match.groups())
     slowest = (done.stdout + done.stderr).split("slowest: ")[-1].split("; every callback")[0]
-    return {"own_s": own, "share": share, "train_s": wall, "process_s": process_s, "slowest": slowest}
+    record = json.loads((folder / "run" / "callbacks.json").read_text())["callbacks"]
+    checkpoint_s = sum(r["total_s"] for r in record if r["name"] == "checkpoint")  # leaving the callbacks for the loop
+    return {"own_s": own, "share": share, "train_s": wall, "process_s": process_s, "cpu_s": cpu_s, "slowest": slowest,
+            "own_but_checkpoint_s": own - checkpoint_s}
 
 
 def cost(trees: list[str], run: str, off: bool, rounds: int) -> None:
     """Interleaved rounds over every (tree, integrations on / off) variant; a fresh run folder each time."""
     variants = [(Path(t), False) for t in trees] + ([(Path(trees[0]), True)] if off else [])
-    print(f"{'round':<6}{'tree':<24}{'integrations':<14}{'callbacks s':>12}{'share %':>9}{'training s':>12}{'process s':>11}")
+    print(f"{'round':<6}{'tree':<24}{'integrations':<14}{'callbacks s':>12}{'share %':>9}{'training s':>12}{'process s':>11}{'CPU s':>8}{'but ckpt %':>11}")
     for i in range(rounds):
         for tree, variant_off in variants:
             with tempfile.TemporaryDirectory(prefix="cb-cost-") as folder:
                 r = cost_once(tree, run, variant_off, Path(folder))
             print(f"{i + 1:<6}{str(tree)[-23:]:<24}{'off' if variant_off else 'on':<14}{r['own_s']:>12.2f}{r['share']:>9.1f}"
-                  f"{r['train_s']:>12.1f}{r['process_s']:>11.1f}   {r['slowest'][:160]}", flush=True)
+                  f"{r['train_s']:>12.1f}{r['process_s']:>11.1f}{r['cpu_s']:>8.1f}"
+                  f"{100 * r['own_but_checkpoint_s'] / r['train_s']:>11.1f}   {r['slowest'][:160]}", flush=True)
 
 
 if __name__ == "__main__":
