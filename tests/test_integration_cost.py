@@ -100,3 +100,25 @@ def test_mlflow_is_imported_and_called_off_the_training_thread(tmp_path, shapes_
     assert run.info.status == "FINISHED" and run.data.params["epochs"] == "2"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/iou_loss")] == [0, 1]
     assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
+
+
+def test_the_worker_runs_in_order_stops_after_a_failure_and_bounds_every_wait():
+    """integrations/tracking.Worker, which MLflow's thread is: jobs run in the order given; the first failure is reported
+    once and the jobs after it are skipped, but for a closing one (always=True); finish() returns False rather than
+    wait past its bound on a stuck job, and the stuck thread cannot keep the process alive (a daemon)."""
+    import threading
+
+    from yolo_cb.integrations.tracking import Worker
+
+    seen, errors, stuck = [], [], threading.Event()
+    worker = Worker("test-worker", errors.append)
+    worker.submit(seen.append, 1)
+    worker.submit(lambda: 1 / 0)
+    worker.submit(seen.append, 2)  # skipped: after the failure
+    worker.submit(seen.append, 3, always=True)  # the closing job runs all the same
+    assert worker.finish(60) is True
+    assert seen == [1, 3] and [type(e) for e in errors] == [ZeroDivisionError]
+    worker.submit(stuck.wait, always=True)
+    assert worker.finish(0.2) is False and worker.thread.daemon and worker.thread.is_alive()
+    stuck.set()
+    assert worker.finish(60) is True and seen == [1, 3]
