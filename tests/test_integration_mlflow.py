@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.integrations.mlflow import create_local_db, public_uri, safe_key
+from yolo_cb.integrations.mlflow import MLflowUnavailable, check_writable, create_local_db, public_uri, safe_key
 from yolo_cb.launch import free_port
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
@@ -261,13 +261,12 @@ def test_a_tune_on_postgresql_prunes_and_logs_every_trial_to_the_server(env, tin
 
 
 def can_write(folder: Path) -> bool:
-    probe = folder / ".probe"
     try:
-        probe.touch()
-        probe.unlink()
-        return True
+        (folder / ".probe").touch()
     except OSError:
         return False
+    (folder / ".probe").unlink()
+    return True
 
 
 @contextlib.contextmanager
@@ -313,8 +312,7 @@ def our_mlflow_warnings(records) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("existing", [False, True], ids=["empty-folder", "existing-store"])
 def test_read_only_store_one_warning_before_the_first_epoch(tiny, tmp_path, monkeypatch, existing):
-    """Issue 45: MLflow retried creating its engine for ~100 s (9 retry notes) on a read-only folder, and printed a
-    traceback for a read-only existing store. Now: one line, said before the first epoch starts; training goes on."""
+    """Issue 45: ~100 s of MLflow's engine retries (9 notes), or its traceback; now one line before the first epoch."""
     store = tmp_path / "store"
     store.mkdir()
     if existing:
@@ -335,10 +333,18 @@ def test_read_only_store_one_warning_before_the_first_epoch(tiny, tmp_path, monk
     assert sorted(p.name for p in store.iterdir()) == (["mlflow.db"] if existing else [])
 
 
+def test_the_write_check_takes_folders_mlflow_will_make_and_refuses_read_only_ones(tmp_path):
+    check_writable(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'mlflow.db'}")  # MLflow makes missing folders itself
+    assert not (tmp_path / "new").exists()  # the check made none of them
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with read_only(locked), pytest.raises(MLflowUnavailable, match="cannot be written"):
+        check_writable(f"sqlite:///{locked / 'new' / 'mlflow.db'}")
+
+
 @pytest.mark.slow
 def test_a_server_that_never_answers_costs_a_bounded_wait_and_one_warning(tiny, monkeypatch):
-    """The tracking server accepts connections and never replies: the training waits for MLflow's run at most
-    START_WAIT_S at the end of the first epoch, warns once and finishes; the stuck thread is left behind (a daemon)."""
+    """A server that accepts and never replies: the first epoch's end waits START_WAIT_S at most, one warning, done."""
     from yolo_cb.integrations import mlflow as integration
 
     monkeypatch.setattr(integration, "START_WAIT_S", 2.0)
@@ -354,8 +360,7 @@ def test_a_server_that_never_answers_costs_a_bounded_wait_and_one_warning(tiny, 
 
 @pytest.mark.slow
 def test_a_kill_leaves_every_logged_epoch_whole(tmp_path, shapes_small_yaml):
-    """kill -9 while MLflow's thread logs epochs into the local store: the store is intact, the run holds every
-    setting, and each epoch it holds has all of its values (one transaction per epoch)."""
+    """kill -9 while MLflow's thread logs epochs: the store is intact, with every setting and each epoch whole."""
     from mlflow.tracking import MlflowClient
 
     project = tmp_path / "runs"
@@ -384,8 +389,7 @@ def test_a_kill_leaves_every_logged_epoch_whole(tmp_path, shapes_small_yaml):
     assert run.data.params["epochs"] == "100" and len(run.data.params) > 50
     histories = {key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) for key in EPOCH_KEYS}
     steps = histories["train/iou_loss"]
-    assert len(steps) >= 3 and steps == list(range(len(steps)))
-    assert all(h == steps for h in histories.values()), histories  # no epoch half-logged
+    assert len(steps) >= 3 and steps == list(range(len(steps))) and all(h == steps for h in histories.values()), histories
 
 
 def logged_steps(db: Path) -> int:

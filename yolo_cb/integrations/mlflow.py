@@ -117,15 +117,15 @@ def _unsynced(connection, _record) -> None:
 
 def check_writable(uri: str) -> None:
     """Raise MLflowUnavailable when `uri` is a SQLite store this process cannot write (its folder or its file on a
-    read-only mount, or without write permission, or missing): MLflow would retry creating its engine for ~100 s."""
-    if not uri.startswith("sqlite:///"):
-        return
+    read-only mount, or without write permission): MLflow would retry creating its engine for ~100 s."""
     name = uri.removeprefix("sqlite:///").split("?")[0]
-    if not name or name == ":memory:":
+    if not uri.startswith("sqlite:///") or name in ("", ":memory:"):
         return
-    db = Path(name)
+    db = folder = Path(name).absolute()
+    while not folder.is_dir() and folder != folder.parent:  # MLflow makes missing folders: the first one there must take them
+        folder = folder.parent
     try:
-        fd, tmp = create_temp(db.parent, ".mlflow-write-check.", ".tmp")  # SQLite writes its journal beside the file
+        fd, tmp = create_temp(folder, ".mlflow-write-check.", ".tmp")  # SQLite writes its journal beside the file
         os.close(fd)
         os.unlink(tmp)
         if db.exists():
