@@ -1,10 +1,15 @@
 """MLflow: a real `mlflow server` on loopback (one per module, on a real PostgreSQL), tiny trainings against it, read back with MlflowClient;
-the server-less local store; and a closed port (training completes with exactly one warning)."""
+the server-less local store; and a closed port, a read-only store, a server that never answers (training completes with
+exactly one warning); a kill -9 mid-run leaves every logged epoch whole."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.integrations.mlflow import create_local_db, public_uri, safe_key
+from yolo_cb.integrations.mlflow import MLflowUnavailable, check_writable, create_local_db, public_uri, safe_key
 from yolo_cb.launch import free_port
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
@@ -253,3 +258,143 @@ def test_a_tune_on_postgresql_prunes_and_logs_every_trial_to_the_server(env, tin
         assert child.data.tags["optuna.state"] == "PRUNED" and child.info.status == "FINISHED", name
         assert [m.step for m in client.get_metric_history(child.info.run_id, "metrics/mAP50-95B")] == [0], name  # one epoch
         assert "weights/best.pt" in {a.path for a in client.list_artifacts(child.info.run_id, "weights")}, name
+
+
+def can_write(folder: Path) -> bool:
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """`folder` made read-only: mode 0555, and for root (whom modes do not stop) also bind-mounted read-only onto itself,
+    as a read-only mount is; skipped where neither holds."""
+    folder.chmod(0o555)
+    mounted = False
+    try:
+        if can_write(folder):
+            mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)], capture_output=True).returncode == 0
+            if not mounted or can_write(folder):
+                pytest.skip("no way to make a read-only folder here (root without mount rights)")
+        yield folder
+    finally:
+        if mounted:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file MLflow left open cannot keep it
+        folder.chmod(0o755)
+
+
+@contextlib.contextmanager
+def log_records():
+    """Every record of yolo-cb's and MLflow's loggers (MLflow's do not reach pytest's caplog), in order."""
+    import mlflow  # noqa: F401  (its first import configures its loggers, dropping handlers added before)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("yolo_cb", "mlflow", "alembic")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def our_mlflow_warnings(records) -> list[str]:
+    return [r.getMessage() for r in records if r.name.startswith("yolo_cb") and r.levelno >= logging.WARNING and "MLflow" in r.getMessage()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("existing", [False, True], ids=["empty-folder", "existing-store"])
+def test_read_only_store_one_warning_before_the_first_epoch(tiny, tmp_path, monkeypatch, existing):
+    """Issue 45: ~100 s of MLflow's engine retries (9 notes), or its traceback; now one line before the first epoch."""
+    store = tmp_path / "store"
+    store.mkdir()
+    if existing:
+        assert create_local_db(store / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    for key in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN"):
+        monkeypatch.delenv(key, raising=False)
+    said_at_first_epoch = []
+    with read_only(store), log_records() as records:
+        model = YOLO("yolox-nano.yaml")
+        model.add_callback("on_train_epoch_start", lambda trainer: said_at_first_epoch.append(len(our_mlflow_warnings(records))))
+        metrics = model.train(**{**tiny, "mlflow": True})
+    assert "fitness" in metrics
+    assert not [r.getMessage()[:200] for r in records if not r.name.startswith("yolo_cb") and r.levelno >= logging.WARNING]
+    (warning,) = our_mlflow_warnings(records)
+    assert "cannot be written" in warning and str(store) in warning and "training goes on" in warning
+    assert said_at_first_epoch == [1]  # before the first epoch began, not after MLflow's retries
+    assert sorted(p.name for p in store.iterdir()) == (["mlflow.db"] if existing else [])
+
+
+def test_the_write_check_takes_folders_mlflow_will_make_and_refuses_read_only_ones(tmp_path):
+    check_writable(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'mlflow.db'}")  # MLflow makes missing folders itself
+    assert not (tmp_path / "new").exists()  # the check made none of them
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with read_only(locked), pytest.raises(MLflowUnavailable, match="cannot be written"):
+        check_writable(f"sqlite:///{locked / 'new' / 'mlflow.db'}")
+
+
+@pytest.mark.slow
+def test_a_server_that_never_answers_costs_a_bounded_wait_and_one_warning(tiny, monkeypatch):
+    """A server that accepts and never replies: the first epoch's end waits START_WAIT_S at most, one warning, done."""
+    from yolo_cb.integrations import mlflow as integration
+
+    monkeypatch.setattr(integration, "START_WAIT_S", 2.0)
+    monkeypatch.setattr(integration, "CLOSE_TIMEOUT_S", 1.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent, log_records() as records:  # the kernel accepts; nobody reads
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        model = YOLO("yolox-nano.yaml")
+        metrics = model.train(**{**tiny, "epochs": 2, "mlflow": True, "fraction": 0.25})
+    assert "fitness" in metrics and model.trainer.epoch == 1  # both epochs ran
+    (warning,) = our_mlflow_warnings(records)
+    assert "not created within 2 s" in warning and "training goes on" in warning
+
+
+@pytest.mark.slow
+def test_a_kill_leaves_every_logged_epoch_whole(tmp_path, shapes_small_yaml):
+    """kill -9 while MLflow's thread logs epochs: the store is intact, with every setting and each epoch whole."""
+    from mlflow.tracking import MlflowClient
+
+    project = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [sys.executable, "-m", "yolo_cb", "train", f"data={shapes_small_yaml}", "model=yolox-nano.yaml", "imgsz=64", "batch=8",
+           "epochs=100", "workers=0", "mosaic=0.0", "tensorboard=False", "onnx_check=False", "plots=True", "warmup_epochs=0",
+           "fraction=0.25", f"project={project}", "name=killed"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = project / "mlruns" / "mlflow.db"
+    try:
+        deadline = time.monotonic() + 300  # a bound on waiting for the child, not a timing claim
+        while proc.poll() is None and time.monotonic() < deadline:
+            if db.is_file() and logged_steps(db) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "training ended before it was killed"
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    client = MlflowClient(f"sqlite:///{db}")
+    run = only_run(client, project.name)
+    assert run.info.status == "RUNNING"  # nobody ended it
+    assert run.data.params["epochs"] == "100" and len(run.data.params) > 50
+    histories = {key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) for key in EPOCH_KEYS}
+    steps = histories["train/iou_loss"]
+    assert len(steps) >= 3 and steps == list(range(len(steps))) and all(h == steps for h in histories.values()), histories
+
+
+def logged_steps(db: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as connection:
+            return connection.execute("SELECT COUNT(DISTINCT step) FROM metrics WHERE key = 'train/iou_loss'").fetchone()[0]
+    except sqlite3.Error:  # the tables are not there yet
+        return 0

@@ -13,12 +13,17 @@ A tracker subclasses `Tracker` and writes only what is its tool's own: `start` (
 Any exception from the tool warns once (`WARNING Comet: ...; Comet logging is off for the rest of this run (training
 goes on)`), closes its session as well as it can and switches the tracker off; training is never stopped by it. The
 callback engine's "disable" policy (every integration's) is the second net.
+
+`Worker` runs a tracker's slow calls (imports, store setup, uploads) on one background thread, in the order they were
+given, so that the training does not wait for them: MLflow and TensorBoard use it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import queue
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,50 @@ def refuse_unread(env_names: Iterable[str], title: str) -> None:
     for name, instead in env_names:
         if os.environ.get(name):
             LOGGER.warning(f"WARNING {title}: {name} is not read by yolo-cb ({instead}); it has no effect on this run")
+
+
+class Worker:
+    """One background thread running the jobs given to `submit`, in order. The first job that raises calls
+    `on_error(error)` (from the worker thread) and the jobs after it are skipped, but for those given with `always`. `finish(timeout)` waits, at most
+    `timeout` seconds, for every job given so far; the thread is a daemon, so a job that never returns cannot keep the
+    process alive after the training."""
+
+    def __init__(self, name: str, on_error: Callable[[BaseException], None]):
+        self.name, self.on_error = name, on_error
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.failed = False
+
+    def submit(self, fn: Callable, *args, always: bool = False) -> threading.Event:
+        """Queue `fn(*args)`; the returned event is set once it has run (or was skipped after a failure; an `always` job
+        runs even then: the one that closes the session)."""
+        done = threading.Event()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self.thread.start()
+        self.jobs.put((fn, args, always, done))
+        return done
+
+    def finish(self, timeout: float) -> bool:
+        """Wait for every job given so far, at most `timeout` seconds; True when all of them have run."""
+        if self.thread is None:
+            return True
+        return self.submit(lambda: None).wait(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, always, done = self.jobs.get()
+            try:
+                if always or not self.failed:
+                    fn(*args)
+            except BaseException as error:  # noqa: BLE001  (reported through on_error, never raised into a thread's void)
+                self.failed = True
+                try:
+                    self.on_error(error)
+                except Exception as report_error:  # the report itself must not end the thread
+                    LOGGER.warning(f"WARNING {self.name}: {short_error(error)} ({short_error(report_error)} while reporting it)")
+            finally:
+                done.set()
 
 
 class Tracker:
