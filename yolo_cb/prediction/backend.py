@@ -1,4 +1,5 @@
-"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file, a TorchScript file or an OpenVINO folder.
+"""One inference interface over a PyTorch model, a `.pt` checkpoint, an ONNX file, a TorchScript file, an OpenVINO folder, or
+a mobile export (ncnn folder, .mnn, .tflite, .pte: see mobile_backends).
 
     backend = load_backend("best.onnx")          # or "best.pt", "best.torchscript", "best_openvino_model/", an nn.Module
     preds = backend(x)                           # x: float (B, 3, H, W) RGB in [0, 1] -> (B, A, 5 + nc)
@@ -10,7 +11,6 @@ NMS in its graph (`nms=True`) returns (B, max_det, 6) instead and says so in `ba
 
 from __future__ import annotations
 
-import ast
 import json
 import warnings
 import zipfile
@@ -21,100 +21,23 @@ import torch
 from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
-from yolo_cb.errors import CheckpointError, ConfigError
+from yolo_cb.errors import ConfigError
 from yolo_cb.prediction import torchscript_check
+from yolo_cb.prediction.backend_base import (  # noqa: F401 - public here too
+    DEFAULT_STRIDE,
+    Backend,
+    bad_model_file,
+    max_stride,
+    parse_metadata,
+    parse_names,
+)
+from yolo_cb.prediction.mobile_backends import mobile_backend
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.signal_stack import kept_signal_stack
 
 TORCHSCRIPT_META = "config.txt"  # name of the extra file holding the metadata JSON inside a .torchscript archive
 OPENVINO_META = "metadata.json"  # the metadata file inside an OpenVINO model folder
-DEFAULT_STRIDE = 32
-
-
-def parse_names(value: Any) -> dict[int, str]:
-    """Class names from a dict, a list, or their JSON / Python-literal string form -> {int: str}."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            value = ast.literal_eval(value)
-    if isinstance(value, (list, tuple)):
-        value = dict(enumerate(value))
-    return {int(k): str(v) for k, v in (value or {}).items()}
-
-
-def parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
-    """ONNX / TorchScript metadata strings -> typed values (names dict, imgsz list, stride int, batch int|None)."""
-    meta: dict[str, Any] = dict(raw)
-    if "names" in meta:
-        meta["names"] = parse_names(meta["names"])
-    for key in ("imgsz", "stride", "batch", "dynamic", "half", "nms", "int8"):
-        if key in meta and isinstance(meta[key], str):
-            try:
-                meta[key] = json.loads(meta[key])
-            except json.JSONDecodeError:
-                try:
-                    meta[key] = ast.literal_eval(meta[key])
-                except (ValueError, SyntaxError):
-                    pass
-    return meta
-
-
-def max_stride(model: Any) -> int:
-    """The largest stride of a model (`.stride` may be an int, a sequence or a tensor); 32 when unknown."""
-    stride = getattr(model, "stride", None)
-    if stride is None:
-        return DEFAULT_STRIDE
-    if isinstance(stride, torch.Tensor):
-        return int(stride.max())
-    if isinstance(stride, (list, tuple)):
-        return int(max(stride)) if stride else DEFAULT_STRIDE
-    return int(stride)
-
-
-class Backend:
-    """Runs a detector of any supported kind on float BCHW tensors; see the module docstring."""
-
-    kind: str = "pytorch"
-
-    def __init__(self, *, names: dict[int, str], stride: int = DEFAULT_STRIDE, imgsz: tuple[int, int] | None = None,
-                 batch: int | None = None, device: torch.device = torch.device("cpu"), fp16: bool = False,
-                 metadata: dict[str, Any] | None = None, path: str | None = None):
-        self.names = names
-        self.nc = len(names)
-        self.stride = int(stride)
-        self.imgsz = tuple(int(v) for v in imgsz) if imgsz else None
-        self.batch = int(batch) if batch else None
-        self.device = device
-        self.fp16 = fp16
-        self.metadata = metadata or {}
-        self.path = path
-        nms = self.metadata.get("nms")  # set by an nms=True export: {"iou": ..., "max_det": ...}
-        self.end2end: dict | None = nms if isinstance(nms, dict) and nms else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim == 3:
-            x = x.unsqueeze(0)
-        if self.imgsz is not None and tuple(x.shape[2:]) != self.imgsz:
-            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed image size {self.imgsz} (h, w), "
-                             f"got input {tuple(x.shape[2:])}; letterbox to {self.imgsz} or re-export with dynamic=True")
-        if self.batch is not None and x.shape[0] != self.batch:
-            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
-                             f"re-export with dynamic=True or batch={x.shape[0]}")
-        return self.forward(x)
-
-    def warmup(self, imgsz: tuple[int, int] | int | None = None) -> None:
-        """One dummy forward pass (first-call allocations, cuDNN autotune, ORT graph init)."""
-        size = self.imgsz or ((imgsz, imgsz) if isinstance(imgsz, int) else imgsz) or (64, 64)
-        self(torch.zeros(self.batch or 1, 3, *size, device=self.device))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(kind={self.kind}, nc={self.nc}, imgsz={self.imgsz}, batch={self.batch}, device={self.device})"
 
 
 class PyTorchBackend(Backend):
@@ -167,12 +90,6 @@ def unusable_onnx(path: Path) -> str | None:
     except onnx.checker.ValidationError as error:
         return f"its graph is invalid ({str(error).strip().splitlines()[0][:200]})"
     return None
-
-
-def bad_model_file(path: Path, kind: str, reason: str) -> CheckpointError:
-    """The one-line error for a model file that cannot be loaded: the file, why, and what to do."""
-    return CheckpointError(f"model={path}: not a usable {kind} model: {reason}; export it again from the .pt checkpoint "
-                           f"(yolo-cb export model=path/to/best.pt format={kind.lower()})")
 
 
 class ONNXBackend(Backend):
@@ -309,6 +226,9 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if isinstance(weights, nn.Module):
         return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
     path = Path(str(weights))
+    mobile = mobile_backend(path, threads) if path.exists() else None  # ncnn, MNN, LiteRT, ExecuTorch (CoreML: refused)
+    if mobile is not None:
+        return mobile
     if path.is_dir() or path.suffix.lower() == ".xml":
         if path.exists():
             return OpenVINOBackend(str(path), device=dev, fp16=fp16, threads=threads)
@@ -321,4 +241,5 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
         return TorchScriptBackend(str(path), device=dev, fp16=fp16)
     if suffix in (".pt", ".pth"):
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
-    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx, .torchscript or an OpenVINO folder")
+    raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx, .torchscript, .mnn, .tflite, .pte, an OpenVINO "
+                     f"or an ncnn folder")
