@@ -3,6 +3,8 @@ real images (real runtimes: ONNX Runtime, OpenVINO; no mocks). One training and 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from yolo_cb import YOLO
 from yolo_cb.export.verify import MAP_TOL, side_by_side
 
 pytest.importorskip("openvino")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the LiteRT / ExecuTorch toolchains' own warnings
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = dict(imgsz=64, epochs=60, batch=4, nbs=4, workers=0, mosaic=0, fliplr=0, scale=0, translate=0, hsv_h=0, hsv_s=0, hsv_v=0,
@@ -25,6 +28,22 @@ FIT = dict(imgsz=64, epochs=60, batch=4, nbs=4, workers=0, mosaic=0, fliplr=0, s
 # with them; with the linear decay to 0.01 the eval-mode model scored 0.21 on an AMD EPYC (0.31 on a Xeon), with this 0.30.
 # amp=False: fp32 on every CPU (with bf16 autocast, where a CPU has it, the int8 drops were 0.03-0.04 here)
 VARIANTS = ["onnx", "onnx_half", "onnx_int8", "openvino", "openvino_half", "openvino_int8"]
+# the mobile formats: each runs where its extra is installed (ncnn, MNN, CoreML: `dev`; LiteRT and ExecuTorch:
+# `make test-export-extras`), and says why it is skipped elsewhere
+NEEDS = {"ncnn": ("pnnx", "ncnn"), "mnn": ("MNN",), "tflite": ("litert_torch", "ai_edge_litert"), "executorch": ("executorch",),
+         "coreml": ("coremltools",)}
+EXTRA = {"ncnn": "ncnn", "mnn": "mnn", "tflite": "litert", "executorch": "executorch", "coreml": "coreml"}
+
+
+def mobile(variant: str):
+    """`variant` as a pytest param, skipped with the extra to install when its format's packages are absent."""
+    fmt = variant.split("_")[0]
+    missing = [m for m in NEEDS[fmt] if importlib.util.find_spec(m) is None]
+    why = f"{', '.join(missing)} not installed: pip install 'yolo-cb[{EXTRA[fmt]}]' (or make test-export-extras)"
+    return pytest.param(variant, marks=pytest.mark.skipif(bool(missing), reason=why))
+
+
+MOBILE_VARIANTS = [mobile(v) for v in ("ncnn", "ncnn_half", "mnn", "mnn_half", "mnn_int8", "tflite", "tflite_int8", "executorch")]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +61,9 @@ def fitted(tmp_path_factory, shapes_dir):
 # what `yolo-cb export` writes beside best.pt for each variant
 WRITTEN = {"onnx": "best.onnx", "onnx_half": "best_half.onnx", "onnx_int8": "best_int8.onnx", "onnx_nms": "best_nms.onnx",
            "openvino": "best_openvino_model", "openvino_half": "best_half_openvino_model",
-           "openvino_int8": "best_int8_openvino_model", "torchscript": "best.torchscript"}
+           "openvino_int8": "best_int8_openvino_model", "torchscript": "best.torchscript", "ncnn": "best_ncnn_model",
+           "ncnn_half": "best_half_ncnn_model", "mnn": "best.mnn", "mnn_half": "best_half.mnn", "mnn_int8": "best_int8.mnn",
+           "tflite": "best.tflite", "tflite_int8": "best_int8.tflite", "executorch": "best.pte", "coreml": "best.mlpackage"}
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +91,7 @@ def exports(fitted):
     return get
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS + MOBILE_VARIANTS)
 def test_export_keeps_the_map(variant, fitted, exports):
     best, data = fitted
     path = exports(variant)
@@ -207,3 +228,63 @@ def test_export_check_strict_fails_the_run_on_a_broken_export(fitted, tmp_path, 
         YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1},
                                       export_check="onnx", export_check_strict=True)
     assert "ExportError" in (tmp_path / "run" / "export_check.csv").read_text()
+
+
+@pytest.mark.parametrize("variant", [mobile("ncnn"), mobile("mnn"), mobile("tflite"), mobile("executorch")])
+def test_mobile_export_validates_and_predicts_from_the_command_line(variant, fitted, exports, tmp_path):
+    """`yolo-cb val model=<export>` and `yolo-cb predict` as a user types them, each a fresh process."""
+    _, data = fitted
+    path = exports(variant)
+    proc = cli("val", f"model={path}", f"data={data}", "imgsz=64", f"project={tmp_path}", "name=val", "plots=False", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "all" in proc.stdout + proc.stderr  # the metrics table's summary row
+    image = (data.parent / "imgs.txt").read_text().split()[0]
+    proc = cli("predict", f"model={path}", f"source={image}", "imgsz=64", "conf=0.05", "save_txt=True", f"project={tmp_path}", "name=pred",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "pred" / "labels" / (Path(image).stem + ".txt")).read_text().strip()  # at least one box
+
+
+@pytest.mark.skipif(importlib.util.find_spec("coremltools") is None, reason="coremltools not installed: pip install 'yolo-cb[coreml]'")
+def test_coreml_converts_and_running_it_here_says_why_not(fitted, exports, tmp_path):
+    import coremltools as ct
+
+    _, data = fitted
+    package = Path(exports("coreml"))
+    spec = ct.utils.load_spec(str(package))
+    assert [tuple(i.type.multiArrayType.shape) for i in spec.description.input] == [(1, 3, 64, 64)]
+    assert [tuple(o.type.multiArrayType.shape) for o in spec.description.output] == [(1, 84, 9)]  # (64/8)^2 + (64/16)^2 + (64/32)^2 anchors
+    assert json.loads(spec.description.metadata.userDefined["names"]) == {"0": "circle", "1": "rectangle", "2": "triangle", "3": "cross"}
+    proc = cli("val", f"model={package}", f"data={data}", cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fmt", ["ncnn", "mnn", "tflite", "executorch", "coreml"])
+def test_mobile_format_without_its_package_names_the_extra_exit_2(fmt, fitted, tmp_path):
+    """The format's packages made unimportable in a fresh process (as on a machine without the extra): one line, exit 2."""
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    hide = "; ".join(f"sys.modules[{m!r}] = None" for m in NEEDS[fmt])
+    code = f"import sys; {hide}; sys.argv = ['yolo-cb', 'export', 'model={model}', 'format={fmt}', 'imgsz=64']; from yolo_cb.cli import entrypoint; entrypoint()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"pip install 'yolo-cb[{EXTRA[fmt]}]'" in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["format=ncnn", "nms=True"], "does not hold NMS"),
+    (["format=mnn", "dynamic=True"], "drop dynamic=True"),
+    (["format=executorch", "half=True"], "exported in fp32 here, not half"),
+])
+def test_mobile_settings_it_cannot_honour_one_line_exit_2(args, says, fitted, tmp_path):
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    proc = cli("export", f"model={model}", "imgsz=64", *args, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
