@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,10 @@ import torch
 
 import yolo_cb.nn
 from yolo_cb import YOLO
+from yolo_cb.errors import ConfigError
+from yolo_cb.export.exporter import Exporter, ExportSettingError
 from yolo_cb.export.verify import MAP_TOL, side_by_side
+from yolo_cb.prediction.backend import load_backend
 
 pytest.importorskip("openvino")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the LiteRT / ExecuTorch toolchains' own warnings
@@ -231,18 +235,17 @@ def test_export_check_strict_fails_the_run_on_a_broken_export(fitted, tmp_path, 
 
 
 @pytest.mark.parametrize("variant", [mobile("ncnn"), mobile("mnn"), mobile("tflite"), mobile("executorch")])
-def test_mobile_export_validates_and_predicts_from_the_command_line(variant, fitted, exports, tmp_path):
-    """`yolo-cb val model=<export>` and `yolo-cb predict` as a user types them, each a fresh process."""
+def test_mobile_export_validates_from_the_command_line_and_predicts(variant, fitted, exports, tmp_path):
+    """`yolo-cb val model=<export>` as a user types it (a fresh process), and YOLO(<export>) predicting."""
     _, data = fitted
     path = exports(variant)
     proc = cli("val", f"model={path}", f"data={data}", "imgsz=64", f"project={tmp_path}", "name=val", "plots=False", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "all" in proc.stdout + proc.stderr  # the metrics table's summary row
-    image = (data.parent / "imgs.txt").read_text().split()[0]
-    proc = cli("predict", f"model={path}", f"source={image}", "imgsz=64", "conf=0.05", "save_txt=True", f"project={tmp_path}", "name=pred",
-               cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "pred" / "labels" / (Path(image).stem + ".txt")).read_text().strip()  # at least one box
+    assert (tmp_path / "val").is_dir() and "mAP50-95" in proc.stdout + proc.stderr
+    model = YOLO(path)
+    assert model.names == {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}  # the metadata travelled inside the export
+    images = (data.parent / "imgs.txt").read_text().split()
+    assert sum(len(r.boxes) for r in model(images, imgsz=64, conf=0.05)) > 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("coremltools") is None, reason="coremltools not installed: pip install 'yolo-cb[coreml]'")
@@ -260,31 +263,69 @@ def test_coreml_converts_and_running_it_here_says_why_not(fitted, exports, tmp_p
     assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("fmt", ["ncnn", "mnn", "tflite", "executorch", "coreml"])
-def test_mobile_format_without_its_package_names_the_extra_exit_2(fmt, fitted, tmp_path):
-    """The format's packages made unimportable in a fresh process (as on a machine without the extra): one line, exit 2."""
+def test_mobile_format_without_its_package_names_the_extra_exit_2(fitted, tmp_path):
+    """ncnn's packages made unimportable in a fresh process (as on a machine without the extra): one line, exit 2."""
     best, _ = fitted
     model = tmp_path / "m.pt"
     model.write_bytes(best.read_bytes())
-    hide = "; ".join(f"sys.modules[{m!r}] = None" for m in NEEDS[fmt])
-    code = f"import sys; {hide}; sys.argv = ['yolo-cb', 'export', 'model={model}', 'format={fmt}', 'imgsz=64']; from yolo_cb.cli import entrypoint; entrypoint()"
+    code = (f"import sys; sys.modules['pnnx'] = sys.modules['ncnn'] = None; sys.argv = ['yolo-cb', 'export', 'model={model}', "
+            "'format=ncnn', 'imgsz=64']; from yolo_cb.cli import entrypoint; entrypoint()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert f"pip install 'yolo-cb[{EXTRA[fmt]}]'" in lines[0], lines[0]
+    assert proc.returncode == 2 and len(lines) == 1 and "pip install 'yolo-cb[ncnn]'" in lines[0], proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["format=ncnn", "nms=True"], "does not hold NMS"),
-    (["format=mnn", "dynamic=True"], "drop dynamic=True"),
-    (["format=executorch", "half=True"], "exported in fp32 here, not half"),
-])
-def test_mobile_settings_it_cannot_honour_one_line_exit_2(args, says, fitted, tmp_path):
+@pytest.mark.parametrize("fmt", ["ncnn", "mnn", "tflite", "executorch", "coreml"])
+def test_each_mobile_format_without_its_package_names_its_extra(fmt, fitted, tmp_path, monkeypatch):
     best, _ = fitted
     model = tmp_path / "m.pt"
     model.write_bytes(best.read_bytes())
-    proc = cli("export", f"model={model}", "imgsz=64", *args, cwd=tmp_path)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
-    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+    for module in NEEDS[fmt]:
+        monkeypatch.setitem(sys.modules, module, None)  # what importlib reports for a package that is not installed
+    with pytest.raises(ExportSettingError, match=re.escape(f"pip install 'yolo-cb[{EXTRA[fmt]}]'")):
+        Exporter({"format": fmt, "imgsz": 64})(str(model))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+    exported = tmp_path / "exported" / {"ncnn": "m_ncnn_model/m.ncnn.param", "mnn": "m.mnn", "tflite": "m.tflite", "executorch": "m.pte",
+                                        "coreml": "m.mlpackage/Manifest.json"}[fmt]
+    exported.parent.mkdir(parents=True)
+    exported.write_bytes(b"not read: the runtime is missing")
+    path = exported.parent if fmt in ("ncnn", "coreml") else exported
+    says = "Apple platforms only" if fmt == "coreml" else re.escape(f"pip install 'yolo-cb[{EXTRA[fmt]}]'")  # CoreML never runs here
+    with pytest.raises(ConfigError, match=says):
+        load_backend(str(path))
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"format": "ncnn", "nms": True}, "does not hold NMS"),
+    ({"format": "mnn", "dynamic": True}, "drop dynamic=True"),
+    ({"format": "executorch", "half": True}, "exported in fp32 here, not half"),
+    ({"format": "tflite", "int8": True}, "int8=True needs data="),
+])
+def test_mobile_settings_it_cannot_honour_are_refused_before_any_work(settings, says, fitted, tmp_path):
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    if settings.get("int8") and importlib.util.find_spec("litert_torch") is None:  # refused after the package check
+        pytest.skip("litert-torch not installed: pip install 'yolo-cb[litert]'")
+    with pytest.raises(ExportSettingError, match=re.escape(says)):
+        Exporter({**settings, "imgsz": 64})(str(model))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_benchmark_has_the_rows_of_the_installed_mobile_formats(fitted, tmp_path):
+    best, data = fitted
+    installed = [f for f in ("ncnn", "mnn", "tflite", "executorch") if all(importlib.util.find_spec(m) for m in NEEDS[f])]
+    if not installed:
+        pytest.skip("none of ncnn, MNN, LiteRT, ExecuTorch installed: pip install 'yolo-cb[ncnn]' (or make test-export-extras)")
+    proc = cli("benchmark", f"model={best}", f"data={data}", "imgsz=64", f"formats={','.join(installed)}", "threads=1", f"project={tmp_path}",
+               "name=bench", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split(",")[0]: line.split(",") for line in (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()[1:]}
+    assert set(rows) == {"pytorch", *installed}
+    for fmt in installed:  # each exported, validated and timed: its mAP within the fp32 bound of PyTorch's, a time per image
+        assert float(rows[fmt][4]) <= MAP_TOL["fp32"] and float(rows[fmt][5]) > 0, rows[fmt]
+    proc = cli("benchmark", f"model={best}", f"data={data}", "formats=onnx,coreml", f"project={tmp_path}", "name=bench2", cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
+    assert not (tmp_path / "bench2").exists()

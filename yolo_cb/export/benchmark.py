@@ -73,10 +73,11 @@ def benchmark(args: Config) -> list[dict[str, Any]]:
         raise ConfigError("benchmark needs model= a .pt checkpoint and data= a dataset YAML, e.g. "
                           "yolo-cb benchmark model=best.pt data=shapes.yaml formats=onnx,openvino")
     tokens = [t for t in str(args.formats or default_formats()).split(",") if t.strip()]
-    for token in tokens:
-        if parse_spec(token)["format"] == "coreml":  # every name checked before any work
+    for token in tokens:  # every name checked before any work
+        if token.strip().lower().split("_")[0] == "coreml":
             raise ConfigError(f"formats={args.formats}: coreml cannot be validated nor timed here (Core ML runs on Apple platforms "
                               "only); export it with yolo-cb export format=coreml")
+        parse_spec(token)
     threads = int(args.threads) if args.threads else torch.get_num_threads()
     torch.set_num_threads(threads)
     imgsz = (args.imgsz, args.imgsz) if isinstance(args.imgsz, int) else tuple(args.imgsz)
