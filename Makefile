@@ -53,8 +53,9 @@ $(EXPORT_VENV)/.installed: $(BIN)/yolo-cb
 	$(EXPORT_VENV)/bin/pip install -q --no-compile -e '.[$(EXPORT_EXTRAS)]'
 	touch $@
 
+# LiteRT and ExecuTorch, and the precision variants of ncnn and MNN (fp16, int8 weights) that make test leaves out
 test-export-extras: $(EXPORT_VENV)/.installed
-	$(EXPORT_VENV)/bin/python -m pytest -q tests/test_export_formats.py -k "tflite or executorch"
+	YOLO_CB_EXPORT_EXTRAS=1 $(EXPORT_VENV)/bin/python -m pytest -q tests/test_export_formats.py -k "tflite or executorch or ncnn_half or mnn_half or mnn_int8"
 
 bench: venv
 	$(BIN)/python benchmarks/callbacks.py

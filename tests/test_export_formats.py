@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -39,15 +40,23 @@ NEEDS = {"ncnn": ("pnnx", "ncnn"), "mnn": ("MNN",), "tflite": ("litert_torch", "
 EXTRA = {"ncnn": "ncnn", "mnn": "mnn", "tflite": "litert", "executorch": "executorch", "coreml": "coreml"}
 
 
-def mobile(variant: str):
-    """`variant` as a pytest param, skipped with the extra to install when its format's packages are absent."""
+EXTRAS_RUN = os.environ.get("YOLO_CB_EXPORT_EXTRAS") == "1"  # set by make test-export-extras
+
+
+def mobile(variant: str, extras_run_only: bool = False):
+    """`variant` as a pytest param, skipped with the extra to install when its format's packages are absent;
+    `extras_run_only`: a precision variant of a format whose fp32 export make test checks, run by make test-export-extras
+    only (make test's ten minutes)."""
     fmt = variant.split("_")[0]
     missing = [m for m in NEEDS[fmt] if importlib.util.find_spec(m) is None]
+    if extras_run_only and not EXTRAS_RUN:
+        return pytest.param(variant, marks=pytest.mark.skip(reason="a precision variant of a mobile format: make test-export-extras runs it"))
     why = f"{', '.join(missing)} not installed: pip install 'yolo-cb[{EXTRA[fmt]}]' (or make test-export-extras)"
     return pytest.param(variant, marks=pytest.mark.skipif(bool(missing), reason=why))
 
 
-MOBILE_VARIANTS = [mobile(v) for v in ("ncnn", "ncnn_half", "mnn", "mnn_half", "mnn_int8", "tflite", "tflite_int8", "executorch")]
+MOBILE_VARIANTS = [mobile("ncnn"), mobile("ncnn_half", True), mobile("mnn"), mobile("mnn_half", True), mobile("mnn_int8", True),
+                   mobile("tflite"), mobile("tflite_int8"), mobile("executorch")]
 
 
 @pytest.fixture(scope="session")
