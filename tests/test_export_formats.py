@@ -338,3 +338,19 @@ def test_benchmark_has_the_rows_of_the_installed_mobile_formats(fitted, tmp_path
     lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
     assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
     assert not (tmp_path / "bench2").exists()
+
+
+@pytest.mark.parametrize("fmt", [mobile("ncnn"), mobile("mnn"), mobile("tflite"), mobile("executorch"), mobile("coreml")])
+def test_the_default_model_exports_to_each_mobile_format(fmt, tmp_path):
+    """yolocb-n (the default model; the fitted fixture is a YOLOX) with random weights of a trained model's scale, so every
+    output depends on every layer: exported in-process, each export checked against PyTorch by the exporter (export_tol)."""
+    torch.manual_seed(0)
+    model = yolo_cb.nn.build_model("yolocb-n.yaml", nc=4, verbose=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    exporter = Exporter({"format": fmt, "imgsz": 64, "project": str(tmp_path)})
+    path = Path(exporter(model))
+    assert path.exists() and path.parent == tmp_path
+    if fmt != "coreml":
+        assert exporter.verification["max_err"] <= 1e-3 and YOLO(str(path)).model.nc == 4
