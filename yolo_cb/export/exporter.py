@@ -1,4 +1,5 @@
-"""Export a YOLOX model to ONNX or TorchScript, then verify the written file against PyTorch on a real image.
+"""Export a model to ONNX, OpenVINO, TorchScript or a mobile format (ncnn, MNN, LiteRT, ExecuTorch, CoreML: export/mobile.py),
+then verify the written file against PyTorch on a real image (CoreML: structurally; it runs on Apple platforms only).
 
     Exporter({"format": "onnx", "imgsz": 320})("runs/detect/train/weights/best.pt")   # -> ".../best.onnx"
 
