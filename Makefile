@@ -9,7 +9,7 @@ TORCH := torch==2.14.1 torchvision==0.29.1
 # files first: 928 s); a file's tests stay in one process (its module fixtures are built once)
 TEST_JOBS ?= 2
 
-.PHONY: venv demo test test-isa bench lint clean
+.PHONY: venv demo test test-isa test-export-extras bench lint clean
 
 $(BIN)/yolo-cb: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,6 +38,24 @@ ISA_KINDS ?= AVX:0 AVX2:1
 test-isa: venv
 	for kind in $(ISA_KINDS); do isa=$${kind%%:*}; bf16=$${kind##*:}; echo "== ONEDNN_MAX_CPU_ISA=$$isa YOLO_CB_CPU_BF16=$$bf16"; \
 		ONEDNN_MAX_CPU_ISA=$$isa YOLO_CB_CPU_BF16=$$bf16 $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(ISA_TESTS) || exit 1; done
+
+# The export formats whose toolchains are too heavy for `make test`'s install budget (LiteRT: litert-torch brings jax and
+# transformers; ExecuTorch: torchao, pandas, scikit-learn): installed into a venv of their own, layered over .venv (a .pth
+# there adds .venv's packages, so torch is not installed twice), and their tests run there. In .venv they are skipped.
+EXPORT_VENV := .venv-export
+EXPORT_EXTRAS := litert,executorch
+
+$(EXPORT_VENV)/.installed: $(BIN)/yolo-cb
+	test -x $(EXPORT_VENV)/bin/python || $(BIN)/python -m venv $(EXPORT_VENV)
+	$(BIN)/python -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" \
+		> "$$($(EXPORT_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/yolo_cb_base_venv.pth"
+	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
+	$(EXPORT_VENV)/bin/pip install -q --no-compile -e '.[$(EXPORT_EXTRAS)]'
+	touch $@
+
+# LiteRT and ExecuTorch, and the precision variants of ncnn and MNN (fp16, int8 weights) that make test leaves out
+test-export-extras: $(EXPORT_VENV)/.installed
+	YOLO_CB_EXPORT_EXTRAS=1 $(EXPORT_VENV)/bin/python -m pytest -q tests/test_export_formats.py -k "tflite or executorch or ncnn_half or mnn_half or mnn_int8"
 
 bench: venv
 	$(BIN)/python benchmarks/callbacks.py

@@ -3,6 +3,10 @@ real images (real runtimes: ONNX Runtime, OpenVINO; no mocks). One training and 
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,9 +17,13 @@ import torch
 
 import yolo_cb.nn
 from yolo_cb import YOLO
+from yolo_cb.errors import ConfigError
+from yolo_cb.export.exporter import Exporter, ExportSettingError
 from yolo_cb.export.verify import MAP_TOL, side_by_side
+from yolo_cb.prediction.backend import load_backend
 
 pytest.importorskip("openvino")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the LiteRT / ExecuTorch toolchains' own warnings
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = dict(imgsz=64, epochs=60, batch=4, nbs=4, workers=0, mosaic=0, fliplr=0, scale=0, translate=0, hsv_h=0, hsv_s=0, hsv_v=0,
@@ -25,6 +33,30 @@ FIT = dict(imgsz=64, epochs=60, batch=4, nbs=4, workers=0, mosaic=0, fliplr=0, s
 # with them; with the linear decay to 0.01 the eval-mode model scored 0.21 on an AMD EPYC (0.31 on a Xeon), with this 0.30.
 # amp=False: fp32 on every CPU (with bf16 autocast, where a CPU has it, the int8 drops were 0.03-0.04 here)
 VARIANTS = ["onnx", "onnx_half", "onnx_int8", "openvino", "openvino_half", "openvino_int8"]
+# the mobile formats: each runs where its extra is installed (ncnn, MNN, CoreML: `dev`; LiteRT and ExecuTorch:
+# `make test-export-extras`), and says why it is skipped elsewhere
+NEEDS = {"ncnn": ("pnnx", "ncnn"), "mnn": ("MNN",), "tflite": ("litert_torch", "ai_edge_litert"), "executorch": ("executorch",),
+         "coreml": ("coremltools",)}
+EXTRA = {"ncnn": "ncnn", "mnn": "mnn", "tflite": "litert", "executorch": "executorch", "coreml": "coreml"}
+
+
+EXTRAS_RUN = os.environ.get("YOLO_CB_EXPORT_EXTRAS") == "1"  # set by make test-export-extras
+
+
+def mobile(variant: str, extras_run_only: bool = False):
+    """`variant` as a pytest param, skipped with the extra to install when its format's packages are absent;
+    `extras_run_only`: a precision variant of a format whose fp32 export make test checks, run by make test-export-extras
+    only (make test's ten minutes)."""
+    fmt = variant.split("_")[0]
+    missing = [m for m in NEEDS[fmt] if importlib.util.find_spec(m) is None]
+    if extras_run_only and not EXTRAS_RUN:
+        return pytest.param(variant, marks=pytest.mark.skip(reason="a precision variant of a mobile format: make test-export-extras runs it"))
+    why = f"{', '.join(missing)} not installed: pip install 'yolo-cb[{EXTRA[fmt]}]' (or make test-export-extras)"
+    return pytest.param(variant, marks=pytest.mark.skipif(bool(missing), reason=why))
+
+
+MOBILE_VARIANTS = [mobile("ncnn"), mobile("ncnn_half", True), mobile("mnn"), mobile("mnn_half", True), mobile("mnn_int8", True),
+                   mobile("tflite"), mobile("tflite_int8"), mobile("executorch")]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +74,9 @@ def fitted(tmp_path_factory, shapes_dir):
 # what `yolo-cb export` writes beside best.pt for each variant
 WRITTEN = {"onnx": "best.onnx", "onnx_half": "best_half.onnx", "onnx_int8": "best_int8.onnx", "onnx_nms": "best_nms.onnx",
            "openvino": "best_openvino_model", "openvino_half": "best_half_openvino_model",
-           "openvino_int8": "best_int8_openvino_model", "torchscript": "best.torchscript"}
+           "openvino_int8": "best_int8_openvino_model", "torchscript": "best.torchscript", "ncnn": "best_ncnn_model",
+           "ncnn_half": "best_half_ncnn_model", "mnn": "best.mnn", "mnn_half": "best_half.mnn", "mnn_int8": "best_int8.mnn",
+           "tflite": "best.tflite", "tflite_int8": "best_int8.tflite", "executorch": "best.pte", "coreml": "best.mlpackage"}
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +104,7 @@ def exports(fitted):
     return get
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS + MOBILE_VARIANTS)
 def test_export_keeps_the_map(variant, fitted, exports):
     best, data = fitted
     path = exports(variant)
@@ -207,3 +241,116 @@ def test_export_check_strict_fails_the_run_on_a_broken_export(fitted, tmp_path, 
         YOLO("yolox-nano.yaml").train(data=str(data), project=str(tmp_path), name="run", **{**FIT, "epochs": 1},
                                       export_check="onnx", export_check_strict=True)
     assert "ExportError" in (tmp_path / "run" / "export_check.csv").read_text()
+
+
+@pytest.mark.parametrize("variant", [mobile("ncnn"), mobile("mnn"), mobile("tflite"), mobile("executorch")])
+def test_mobile_export_validates_from_the_command_line_and_predicts(variant, fitted, exports, tmp_path):
+    """`yolo-cb val model=<export>` as a user types it (a fresh process), and YOLO(<export>) predicting."""
+    _, data = fitted
+    path = exports(variant)
+    proc = cli("val", f"model={path}", f"data={data}", "imgsz=64", f"project={tmp_path}", "name=val", "plots=False", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "val").is_dir() and "mAP50-95" in proc.stdout + proc.stderr
+    model = YOLO(path)
+    assert model.names == {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}  # the metadata travelled inside the export
+    images = (data.parent / "imgs.txt").read_text().split()
+    assert sum(len(r.boxes) for r in model(images, imgsz=64, conf=0.05)) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("coremltools") is None, reason="coremltools not installed: pip install 'yolo-cb[coreml]'")
+def test_coreml_converts_and_running_it_here_says_why_not(fitted, exports, tmp_path):
+    import coremltools as ct
+
+    _, data = fitted
+    package = Path(exports("coreml"))
+    spec = ct.utils.load_spec(str(package))
+    assert [tuple(i.type.multiArrayType.shape) for i in spec.description.input] == [(1, 3, 64, 64)]
+    assert [tuple(o.type.multiArrayType.shape) for o in spec.description.output] == [(1, 84, 9)]  # (64/8)^2 + (64/16)^2 + (64/32)^2 anchors
+    assert json.loads(spec.description.metadata.userDefined["names"]) == {"0": "circle", "1": "rectangle", "2": "triangle", "3": "cross"}
+    proc = cli("val", f"model={package}", f"data={data}", cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
+
+
+def test_mobile_format_without_its_package_names_the_extra_exit_2(fitted, tmp_path):
+    """ncnn's packages made unimportable in a fresh process (as on a machine without the extra): one line, exit 2."""
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    code = (f"import sys; sys.modules['pnnx'] = sys.modules['ncnn'] = None; sys.argv = ['yolo-cb', 'export', 'model={model}', "
+            "'format=ncnn', 'imgsz=64']; from yolo_cb.cli import entrypoint; entrypoint()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "pip install 'yolo-cb[ncnn]'" in lines[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+@pytest.mark.parametrize("fmt", ["ncnn", "mnn", "tflite", "executorch", "coreml"])
+def test_each_mobile_format_without_its_package_names_its_extra(fmt, fitted, tmp_path, monkeypatch):
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    for module in NEEDS[fmt]:
+        monkeypatch.setitem(sys.modules, module, None)  # what importlib reports for a package that is not installed
+    with pytest.raises(ExportSettingError, match=re.escape(f"pip install 'yolo-cb[{EXTRA[fmt]}]'")):
+        Exporter({"format": fmt, "imgsz": 64})(str(model))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+    exported = tmp_path / "exported" / {"ncnn": "m_ncnn_model/m.ncnn.param", "mnn": "m.mnn", "tflite": "m.tflite", "executorch": "m.pte",
+                                        "coreml": "m.mlpackage/Manifest.json"}[fmt]
+    exported.parent.mkdir(parents=True)
+    exported.write_bytes(b"not read: the runtime is missing")
+    path = exported.parent if fmt in ("ncnn", "coreml") else exported
+    says = "Apple platforms only" if fmt == "coreml" else re.escape(f"pip install 'yolo-cb[{EXTRA[fmt]}]'")  # CoreML never runs here
+    with pytest.raises(ConfigError, match=says):
+        load_backend(str(path))
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"format": "ncnn", "nms": True}, "does not hold NMS"),
+    ({"format": "mnn", "dynamic": True}, "drop dynamic=True"),
+    ({"format": "executorch", "half": True}, "exported in fp32 here, not half"),
+    ({"format": "tflite", "int8": True}, "int8=True needs data="),
+])
+def test_mobile_settings_it_cannot_honour_are_refused_before_any_work(settings, says, fitted, tmp_path):
+    best, _ = fitted
+    model = tmp_path / "m.pt"
+    model.write_bytes(best.read_bytes())
+    if settings.get("int8") and importlib.util.find_spec("litert_torch") is None:  # refused after the package check
+        pytest.skip("litert-torch not installed: pip install 'yolo-cb[litert]'")
+    with pytest.raises(ExportSettingError, match=re.escape(says)):
+        Exporter({**settings, "imgsz": 64})(str(model))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_benchmark_has_the_rows_of_the_installed_mobile_formats(fitted, tmp_path):
+    best, data = fitted
+    installed = [f for f in ("ncnn", "mnn", "tflite", "executorch") if all(importlib.util.find_spec(m) for m in NEEDS[f])]
+    if not installed:
+        pytest.skip("none of ncnn, MNN, LiteRT, ExecuTorch installed: pip install 'yolo-cb[ncnn]' (or make test-export-extras)")
+    proc = cli("benchmark", f"model={best}", f"data={data}", "imgsz=64", f"formats={','.join(installed)}", "threads=1", f"project={tmp_path}",
+               "name=bench", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split(",")[0]: line.split(",") for line in (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()[1:]}
+    assert set(rows) == {"pytorch", *installed}
+    for fmt in installed:  # each exported, validated and timed: its mAP within the fp32 bound of PyTorch's, a time per image
+        assert float(rows[fmt][4]) <= MAP_TOL["fp32"] and float(rows[fmt][5]) > 0, rows[fmt]
+    proc = cli("benchmark", f"model={best}", f"data={data}", "formats=onnx,coreml", f"project={tmp_path}", "name=bench2", cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("yolo-cb: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Apple platforms only" in lines[0], proc.stderr[-2000:]
+    assert not (tmp_path / "bench2").exists()
+
+
+@pytest.mark.parametrize("fmt", [mobile("ncnn"), mobile("mnn"), mobile("tflite"), mobile("executorch"), mobile("coreml")])
+def test_the_default_model_exports_to_each_mobile_format(fmt, tmp_path):
+    """yolocb-n (the default model; the fitted fixture is a YOLOX) with random weights of a trained model's scale, so every
+    output depends on every layer: exported in-process, each export checked against PyTorch by the exporter (export_tol)."""
+    torch.manual_seed(0)
+    model = yolo_cb.nn.build_model("yolocb-n.yaml", nc=4, verbose=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    exporter = Exporter({"format": fmt, "imgsz": 64, "project": str(tmp_path)})
+    path = Path(exporter(model))
+    assert path.exists() and path.parent == tmp_path
+    if fmt != "coreml":
+        assert exporter.verification["max_err"] <= 1e-3 and YOLO(str(path)).model.nc == 4

@@ -4,7 +4,8 @@ The suite's own process has imported half the world: `export nms=True` passed th
 command (torchvision's extension first loaded inside the ONNX trace). Where each documented command runs in a fresh
 `python -m yolo_cb ...`:
   train, val (plots, a .pt), export onnx dynamic=True, val of the .onnx, predict save_txt -- tests/test_cli_journey.py
-  export onnx / half / int8 / nms, openvino / half / int8, torchscript; benchmark -- tests/test_export_formats.py
+  export onnx / half / int8 / nms, openvino / half / int8, torchscript, ncnn / mnn / tflite / executorch / coreml (each where
+  its extra is installed), val of a mobile export; benchmark -- tests/test_export_formats.py
   train resume=..., resume=auto -- tests/test_resume_and_checkpoints.py, tests/test_fault_tolerance.py
   tune, tune resume= -- tests/test_tune.py, tests/test_tune_resume.py; torchrun / nproc= -- tests/test_ddp.py
   train callbacks=..., the features page's commands -- tests/test_callback_order_as_listed.py, tests/test_features_doc.py

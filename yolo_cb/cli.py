@@ -43,6 +43,7 @@ Examples:
   yolo-cb train data=coco8.yaml callbacks=on_fit_epoch_end=mypkg.cbs:stop_at_target
   yolo-cb val model=runs/detect/train/weights/best.pt data=shapes.yaml
   yolo-cb export model=runs/detect/train/weights/best.pt format=onnx
+  yolo-cb export model=best.pt format=ncnn        (or mnn, tflite, executorch, coreml: pip install 'yolo-cb[ncnn]' ...)
   yolo-cb predict model=runs/detect/train/weights/best.onnx source=path/to/images
   yolo-cb benchmark model=runs/detect/train/weights/best.pt data=shapes.yaml formats=onnx,onnx_int8,openvino
   yolo-cb tune data=shapes.yaml iterations=8 epochs=5 imgsz=128   (needs pip install 'yolo-cb[tune]')

@@ -115,7 +115,7 @@ RULES: dict[str, Setting] = {
     "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "worst_source": _enum("val", "train", "both", **RT), "source": _k("free"),
     "show_labels": _k("bool"), "show_conf": _k("bool"), "show": _k("bool"), "save_crop": _k("bool"), "line_width": _int(1),
     # export
-    "format": _enum("onnx", "openvino", "torchscript"), "int8": _k("bool"), "nms": _k("bool"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),
+    "format": _enum("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml"), "int8": _k("bool"), "nms": _k("bool"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),
     "export_tol": _k("positive"), "formats": _k("text"), "threads": _int(0),
     # tuning
     "iterations": _int(1, **T), "space": _k("free"), "storage": _k("free", **T), "pruner": _enum("median", "hyperband", "none"),

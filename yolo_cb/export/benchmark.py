@@ -3,11 +3,14 @@ on the val split and timed end to end at batch 1, in one table (and benchmark.cs
 
 Columns: format, file size (MB), mAP50-95, its drop vs PyTorch (same letterboxed images), ms per image (letterbox +
 inference + NMS, batch 1, median of the val images after a warm-up) and the thread count every runtime was given.
+Without formats=: the desktop variants, then ncnn, mnn, tflite and executorch where their packages are installed (coreml
+cannot run here).
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +24,7 @@ from yolo_cb.data.verify import imread, list_image_files
 from yolo_cb.errors import ConfigError
 from yolo_cb.export.convert import file_size, parse_spec
 from yolo_cb.export.exporter import Exporter
+from yolo_cb.export.mobile import CONVERTERS
 from yolo_cb.export.verify import MAP_KEY, val_map
 from yolo_cb.nn.postprocess import postprocess
 from yolo_cb.prediction.backend import load_backend
@@ -29,8 +33,15 @@ from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 
 DEFAULT_FORMATS = "onnx,onnx_half,onnx_int8,onnx_nms,openvino,openvino_half,openvino_int8,torchscript"
+TIMED_MOBILE = ("ncnn", "mnn", "tflite", "executorch")  # added to the default list where their packages are installed
 TIMED_IMAGES = 30  # val images timed per variant (after 3 warm-up runs)
 COLUMNS = ("format", "file", "size_mb", "mAP50-95", "drop", "ms_per_image", "threads")
+
+
+def default_formats() -> str:
+    """DEFAULT_FORMATS, then the mobile formats of TIMED_MOBILE whose converter and runtime are installed."""
+    installed = [f for f in TIMED_MOBILE if all(importlib.util.find_spec(m) is not None for m in CONVERTERS[f])]
+    return ",".join([DEFAULT_FORMATS, *installed])
 
 
 def time_backend(backend: Any, files: list[str], imgsz: tuple[int, int], iou: float, max_det: int) -> float:
@@ -61,9 +72,12 @@ def benchmark(args: Config) -> list[dict[str, Any]]:
     if not args.model or not str(args.model).endswith((".pt", ".pth")) or not args.data:
         raise ConfigError("benchmark needs model= a .pt checkpoint and data= a dataset YAML, e.g. "
                           "yolo-cb benchmark model=best.pt data=shapes.yaml formats=onnx,openvino")
-    tokens = [t for t in str(args.formats or DEFAULT_FORMATS).split(",") if t.strip()]
-    for token in tokens:
-        parse_spec(token)  # every name checked before any work
+    tokens = [t for t in str(args.formats or default_formats()).split(",") if t.strip()]
+    for token in tokens:  # every name checked before any work
+        if token.strip().lower().split("_")[0] == "coreml":
+            raise ConfigError(f"formats={args.formats}: coreml cannot be validated nor timed here (Core ML runs on Apple platforms "
+                              "only); export it with yolo-cb export format=coreml")
+        parse_spec(token)
     threads = int(args.threads) if args.threads else torch.get_num_threads()
     torch.set_num_threads(threads)
     imgsz = (args.imgsz, args.imgsz) if isinstance(args.imgsz, int) else tuple(args.imgsz)

@@ -19,11 +19,13 @@ import numpy as np
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import imread, list_image_files
 from yolo_cb.export.formats import ExportError, ExportSettingError, export_write_error
+from yolo_cb.export.mobile import MOBILE_FORMATS, check_mobile
 from yolo_cb.prediction.backend import OPENVINO_META
 from yolo_cb.prediction.predictor import preprocess
 from yolo_cb.utils.log import LOGGER
 
-FORMATS = ("onnx", "openvino", "torchscript")  # the export formats offered (ncnn / tflite: see docs/export.md)
+# the export formats offered; the last five are mobile and edge formats (export/mobile.py), each with its own extra
+FORMATS = ("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml")
 CALIB_MAX = 300  # calibration images at most (the first 300 of the train split: more adds time, not accuracy)
 INSTALL = {"openvino": "pip install 'yolo-cb[openvino]'", "onnx_int8": "pip install onnxruntime"}
 
@@ -163,8 +165,8 @@ def parse_spec(token: str) -> dict[str, Any]:
     return spec
 
 
-def check_format_combo(fmt: str, half: bool, int8: bool, nms: bool) -> None:
-    """Refuse combinations that cannot be honoured, before any work."""
+def check_format_combo(fmt: str, half: bool, int8: bool, nms: bool, dynamic: bool = False) -> None:
+    """Refuse combinations that cannot be honoured (and a mobile format whose converter is not installed), before any work."""
     if half and int8:
         raise ExportSettingError("half=True and int8=True exclude each other: pick one precision")
     if fmt == "torchscript" and (int8 or nms):
@@ -172,6 +174,8 @@ def check_format_combo(fmt: str, half: bool, int8: bool, nms: bool) -> None:
                                  "use format=onnx or format=openvino for those")
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt!r} is not supported")
+    if fmt in MOBILE_FORMATS:
+        check_mobile(fmt, half, int8, nms, dynamic)
 
 
 def set_onnx_metadata(file: Path, metadata: dict[str, Any]) -> None:
@@ -187,6 +191,6 @@ def set_onnx_metadata(file: Path, metadata: dict[str, Any]) -> None:
 
 
 def file_size(path: Path) -> int:
-    """Bytes of a file, or of every file in a folder (an OpenVINO model)."""
+    """Bytes of a file, or of every file in a folder (an OpenVINO, ncnn or CoreML model)."""
     path = Path(path)
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size

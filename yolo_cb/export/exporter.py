@@ -1,4 +1,5 @@
-"""Export a YOLOX model to ONNX or TorchScript, then verify the written file against PyTorch on a real image.
+"""Export a model to ONNX, OpenVINO, TorchScript or a mobile format (ncnn, MNN, LiteRT, ExecuTorch, CoreML: export/mobile.py),
+then verify the written file against PyTorch on a real image (CoreML: structurally; it runs on Apple platforms only).
 
     Exporter({"format": "onnx", "imgsz": 320})("runs/detect/train/weights/best.pt")   # -> ".../best.onnx"
 
@@ -43,12 +44,14 @@ from yolo_cb.export.formats import (  # noqa: F401 - public here too
     StagedFile,
     check_nms_opset,
     check_opset,
+    example_input,
     export_graph,
     export_onnx,
     export_torchscript,
     onnx_bytes,
     torchscript_bytes,
 )
+from yolo_cb.export.mobile import MOBILE_FORMATS, check_coreml, focus_as_conv, write_mobile
 from yolo_cb.export.verify import match_detections, run_backend, side_by_side
 from yolo_cb.prediction.backend import TORCHSCRIPT_META, max_stride
 from yolo_cb.prediction.predictor import preprocess
@@ -116,13 +119,14 @@ def verify_torchscript(path: str | Path, model: nn.Module, image_tensor: torch.T
     return compare(output, torch_reference(model, image_tensor))
 
 
-def verify_backend(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
-    """Run `path` through its yolo-cb Backend (an OpenVINO folder) and compare with `model` (see `compare`)."""
-    return compare(run_backend(path, image_tensor, "openvino"), torch_reference(model, image_tensor))
+def verify_backend(path: str | Path, model: nn.Module, image_tensor: torch.Tensor, fmt: str = "openvino") -> dict[str, float]:
+    """Run `path` through the yolo-cb Backend of format `fmt` (an OpenVINO folder, a mobile export) and compare with `model`."""
+    return compare(run_backend(path, image_tensor, fmt), torch_reference(model, image_tensor))
 
 
 class Exporter:
-    """Exports a checkpoint or module to args.format (onnx | torchscript) and verifies the result; see the module docstring."""
+    """Exports a checkpoint or module to args.format (FORMATS: onnx, openvino, torchscript, ncnn, mnn, tflite, executorch, coreml) and
+    verifies the result; see the module docstring."""
 
     def __init__(self, args: Config | dict | None = None, callbacks: Callbacks | None = None, validate: bool = True,
                  folder: Path | None = None):
@@ -207,8 +211,13 @@ class Exporter:
         """Run `file` against PyTorch; ExportError above export_tol (`target`: the file it would become, left unchanged)."""
         if self.nms:
             return self._verify_nms(fmt, file, model, image, target)
+        if fmt == "coreml":  # Core ML predicts on Apple platforms only: its package is checked structurally
+            shapes = check_coreml(file, image, tuple(torch_reference(model, image).shape))
+            LOGGER.info(f"export verification (coreml): converted; input images {shapes['inputs']}, output output0 {shapes['outputs']} as "
+                        "PyTorch's (its outputs are not compared here: Core ML runs on macOS / iOS only)")
+            return {}
         fn = verify_torchscript if fmt == "torchscript" else verify_onnx if fmt == "onnx" else verify_backend
-        result = fn(file, model, image)
+        result = fn(file, model, image, fmt) if fn is verify_backend else fn(file, model, image)
         tol = float(self.args.export_tol)
         if self.args.half:  # fp16 arithmetic vs fp32 on a trained YOLOX-nano at 64 px: 0.023 (Xeon), 0.0705 when trained and run
             tol = max(tol, HALF_TOL)  # with oneDNN capped at AVX (onnx and openvino alike); the mAP on data= is the real gate
@@ -248,7 +257,8 @@ class Exporter:
     def _target(self, fmt: str, weights: Path | None, module: nn.Module) -> Path:
         stem = weights.stem if weights is not None else str(getattr(module, "name", "yolox")).lower() or "yolox"
         stem += ("_int8" if self.args.int8 else "_half" if self.args.half else "") + ("_nms" if self.args.nms else "")
-        name = {"onnx": f"{stem}.onnx", "torchscript": f"{stem}.torchscript", "openvino": f"{stem}_openvino_model"}[fmt]
+        name = {"onnx": f"{stem}.onnx", "torchscript": f"{stem}.torchscript", "openvino": f"{stem}_openvino_model", "ncnn": f"{stem}_ncnn_model",
+                "mnn": f"{stem}.mnn", "tflite": f"{stem}.tflite", "executorch": f"{stem}.pte", "coreml": f"{stem}.mlpackage"}[fmt]
         folder = self.folder or (weights.parent if weights is not None else Path(self.args.project or "."))
         return folder / name
 
@@ -263,6 +273,13 @@ class Exporter:
         if fmt == "torchscript":
             staged.write_bytes(torchscript_bytes(module, imgsz, dynamic=bool(self.args.dynamic), batch=batch, metadata=self.metadata,
                                                  meta_key=TORCHSCRIPT_META))
+            return staged
+        if fmt in MOBILE_FORMATS:
+            module = focus_as_conv(module)  # YOLOX's strided slices as a convolution: the same outputs, a portable graph
+            onnx_data = self._onnx_bytes(module, imgsz, batch) if fmt in ("ncnn", "mnn") else None
+            stem = self.output.name.removesuffix("_ncnn_model")
+            write_mobile(fmt, staged, stem, module, example_input(module, batch, imgsz), onnx_data, bool(self.args.half), bool(self.args.int8),
+                         calib, self.metadata)
             return staged
         data = self._onnx_bytes(module, imgsz, batch)
         if fmt == "onnx" and calib is None:
@@ -313,15 +330,19 @@ class Exporter:
         fmt = str(args.format).lower()
         if fmt not in FORMATS:
             raise ExportSettingError(f"format={args.format!r} is not a known export format; known: {', '.join(FORMATS)}")
-        check_format_combo(fmt, bool(args.half), bool(args.int8), bool(args.nms))
-        if fmt != "torchscript":
+        check_format_combo(fmt, bool(args.half), bool(args.int8), bool(args.nms), bool(args.dynamic))
+        if fmt in ("onnx", "openvino", "ncnn", "mnn"):  # the formats made from the ONNX graph
             check_opset(args.opset, bool(args.dynamic))
             if args.nms:
                 check_nms_opset(args.opset)
-        if args.int8 and not args.data:
+        if self._calibrated(fmt) and not args.data:
             calibration_images(None, None, 1.0, (32, 32))  # raises the one-line error
         self.nms = {"iou": float(args.iou), "max_det": int(args.max_det)} if args.nms else None
         return fmt
+
+    def _calibrated(self, fmt: str) -> bool:
+        """int8 with calibrated activation ranges (MNN's int8 is weights only: no data needed)."""
+        return bool(self.args.int8) and fmt != "mnn"
 
     def __call__(self, model: Any = None) -> str:
         args = self.args
@@ -334,16 +355,16 @@ class Exporter:
         self.model = module
         imgsz = self._imgsz()
         batch = int(args.batch or 1)
-        calib = calibration_images(args.data, args.datasets_dir, float(args.fraction), imgsz) if args.int8 else None
+        calib = calibration_images(args.data, args.datasets_dir, float(args.fraction), imgsz) if self._calibrated(fmt) else None
         self.metadata = self._metadata(module, imgsz, batch)
         self.file, self.output = weights, self._target(fmt, weights, module)
         file = self.output
         self.run_callbacks("on_export_start")
         LOGGER.info(f"exporting {weights or type(module).__name__} to {fmt} (imgsz {imgsz}, batch {batch}, dynamic={bool(args.dynamic)}, "
-                    f"half={bool(args.half)}, int8={bool(args.int8)}, nms={bool(args.nms)}{', opset ' + str(args.opset) if fmt != 'torchscript' else ''})")
+                    f"half={bool(args.half)}, int8={bool(args.int8)}, nms={bool(args.nms)}{', opset ' + str(args.opset) if fmt in ('onnx', 'openvino') else ''})")
         hint = (f"an export is written beside its checkpoint: copy {weights} to a folder this process may write to and export the copy"
                 if weights is not None else "pass project= a folder this process may write to")
-        with StagedDir(file, hint) if fmt == "openvino" else StagedFile(file, hint) as staged:  # a temp beside `file`, renamed when checked
+        with StagedDir(file, hint) if fmt in ("openvino", "ncnn", "coreml") else StagedFile(file, hint) as staged:  # a temp beside `file`, renamed when checked
             written = self._serialise(fmt, staged.path, module, imgsz, batch, calib, weights or type(module).__name__)
             image = self._verification_image(train_args, imgsz, batch).to(device)
             self.verification = self._verify(fmt, written, module.float() if fmt != "torchscript" else module, image, target=file)

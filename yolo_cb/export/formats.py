@@ -98,7 +98,7 @@ class ExportWrapper(nn.Module):
         return torch.cat(outs, dim=1)
 
 
-def _example(model: nn.Module, batch: int, imgsz: tuple[int, int]) -> torch.Tensor:
+def example_input(model: nn.Module, batch: int, imgsz: tuple[int, int]) -> torch.Tensor:
     param = next(model.parameters())
     return torch.zeros(batch, 3, *imgsz, device=param.device, dtype=param.dtype)
 
@@ -124,7 +124,7 @@ def onnx_bytes(model: nn.Module, imgsz: tuple[int, int], opset: int = 17, dynami
     buffer = io.BytesIO()  # in memory: no raw.onnx in the system temp folder (a model of yolo-cb's size is far below 2 GB)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TracerWarnings about constant grids are expected for static exports
-        torch.onnx.export(wrapper, _example(model, batch, imgsz), buffer, opset_version=opset, input_names=["images"],
+        torch.onnx.export(wrapper, example_input(model, batch, imgsz), buffer, opset_version=opset, input_names=["images"],
                           output_names=["output0"], dynamic_axes=dynamic_axes, do_constant_folding=True, dynamo=False)
     proto = onnx.load_from_string(buffer.getvalue())
     onnx.checker.check_model(proto)
@@ -147,7 +147,7 @@ def torchscript_bytes(model: nn.Module, imgsz: tuple[int, int], dynamic: bool = 
     """The saved torch.jit.trace archive of the eval graph; metadata JSON goes into its extra file `meta_key`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(ExportWrapper(model, dynamic=dynamic).eval(), _example(model, batch, imgsz), strict=False,
+        traced = torch.jit.trace(ExportWrapper(model, dynamic=dynamic).eval(), example_input(model, batch, imgsz), strict=False,
                                  check_trace=False)
         buffer = io.BytesIO()
         torch.jit.save(traced, buffer, _extra_files={meta_key: json.dumps(metadata or {})})

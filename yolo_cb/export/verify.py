@@ -17,6 +17,7 @@ from yolo_cb.config import get_config
 from yolo_cb.data.loader import build_dataloader
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.prediction.backend import ONNXBackend, OpenVINOBackend, TorchScriptBackend
+from yolo_cb.prediction.mobile_backends import ExecuTorchBackend, LiteRTBackend, MNNBackend, NCNNBackend
 from yolo_cb.utils.log import LOGGER
 
 MAP_KEY = "metrics/mAP50-95(B)"
@@ -30,6 +31,9 @@ def precision_of(half: bool, int8: bool) -> str:
 
 def run_backend(path: str | Path, image: torch.Tensor, fmt: str) -> np.ndarray:
     """The raw output of an exported model of format `fmt` (through its Backend; the file may have a temp name) on image."""
+    mobile = {"ncnn": NCNNBackend, "mnn": MNNBackend, "tflite": LiteRTBackend, "executorch": ExecuTorchBackend}
+    if fmt in mobile:
+        return mobile[fmt](str(path))(image).cpu().numpy()
     kind = {"onnx": ONNXBackend, "openvino": OpenVINOBackend, "torchscript": TorchScriptBackend}[fmt]
     return kind(str(path), device=torch.device("cpu"), fp16=False)(image).cpu().numpy()
 

@@ -28,7 +28,8 @@ OBJECTNESS_LOGIT = 40.0  # sigmoid(40) rounds to exactly 1.0 in float32 and floa
 def dfl_expectation(logits: torch.Tensor) -> torch.Tensor:
     """(..., 4, reg_max) bin logits -> (..., 4) distances in stride units: the softmax-weighted mean bin."""
     bins = torch.arange(logits.shape[-1], device=logits.device, dtype=logits.dtype)
-    return logits.softmax(dim=-1) @ bins
+    # a (reg_max, 1) matrix, not a vector: MatMul with a 1-D operand is mis-converted by MNN and refused by coremltools
+    return (logits.softmax(dim=-1) @ bins[:, None]).squeeze(-1)
 
 
 def distances_to_boxes(ltrb: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
