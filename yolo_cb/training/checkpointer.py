@@ -1,12 +1,14 @@
-"""What a checkpoint holds (`checkpoint_dict`), last.pt after an error or a signal, and best.pt validated at the end.
+"""What a checkpoint holds (`checkpoint`, from the run's parts), last.pt after an error or a signal, and best.pt validated at the end.
 
 The saver (saver.py) decides which files and when; this module says what is written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from yolo_cb.checkpoints.checkpoint import (
     Checkpoint,
@@ -22,6 +24,21 @@ from yolo_cb.training import resume, resume_state
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.version import __version__
+
+
+class RunParts(NamedTuple):
+    """What a checkpoint is made of: the run state, its parts (model, EMA, optimizer, criterion, data: build.Parts), the
+    step (scaler, last optimizer step), the settings, the run folder, the number of ranks, and the callbacks' and the
+    recipe's states."""
+
+    state: Any
+    parts: Any
+    step: Any
+    args: Any
+    save_dir: Path | None
+    world_size: int
+    callback_states: dict
+    recipe_states: dict
 
 
 class Checkpointer:
@@ -41,70 +58,68 @@ class Checkpointer:
         if world_size > 1:
             self.rank_rng = distributed.gather_object(rng_states())
 
-    def checkpoint_dict(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> dict:
-        """Trainer.checkpoint_dict: the plain-data checkpoint (see DESIGN.md), the dict of `checkpoint`."""
-        return self.checkpoint(trainer, epoch, batches_done).to_dict()
-
-    def checkpoint(self, trainer, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
-        """The trainer's state as a Checkpoint."""
-
-        p, step, ema = trainer.state.progress, trainer.step, trainer.ema
+    def checkpoint(self, run: RunParts, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
+        """The run's state as a Checkpoint: `epoch` is the last completed one (default: the progress's), mid-epoch
+        `batches_done` the batches of the next one already trained."""
+        state, parts, step, ema = run.state, run.parts, run.step, run.parts.ema
+        p, best, metrics = state.progress, state.best, state.metrics
         epoch = p.completed_epoch if epoch is None else epoch
         batches_done = (p.batches_done if p.completed_epoch < p.epoch else 0) if batches_done is None else batches_done
         return Checkpoint(
-            model={k: v.detach().clone() for k, v in unwrap(trainer.model).state_dict().items()},
+            model={k: v.detach().clone() for k, v in unwrap(parts.model).state_dict().items()},
             ema={k: v.detach().clone() for k, v in ema.ema.state_dict().items()} if ema else None,
             ema_updates=ema.updates if ema else 0,
             last_opt_step=step.last_opt_step,
-            optimizer=trainer.optimizer.state_dict(),
+            optimizer=parts.optimizer.state_dict(),
             scaler=step.scaler.state_dict() if step.scaler.is_enabled() else None,
             epoch=epoch,
             epochs=p.epochs,
-            best_fitness=trainer.best_fitness,
-            best_epoch=trainer.best_epoch,
+            best_fitness=best.fitness,
+            best_epoch=best.epoch,
             # these weights are best.pt's (written just before it): on resume they restore a best.pt a kill left behind
-            last_is_best=trainer.best_epoch is not None and trainer.best_epoch == epoch and not p.stepped,
+            last_is_best=best.epoch is not None and best.epoch == epoch and not p.stepped,
             finished=False,  # set when the run ends (strip_optimizer): a finished run is not resumed
-            save_dir=str(Path(trainer.save_dir).resolve()) if trainer.save_dir else None,  # resume verifies it
-            data_fingerprint=trainer.data_fingerprint(),
-            fitness=trainer.fitness,
-            train_args=trainer.args.as_dict(),
-            model_cfg=dict(trainer.model_cfg),
-            names={int(k): str(v) for k, v in trainer.data["names"].items()},
-            callbacks=trainer.callbacks.state_dict(),
-            recipe=trainer.recipe.state_dict(),
+            save_dir=str(Path(run.save_dir).resolve()) if run.save_dir else None,  # resume verifies it
+            data_fingerprint=self.data_fingerprint(parts.data),
+            fitness=metrics.fitness,
+            train_args=run.args.as_dict(),
+            model_cfg=dict(parts.model_cfg),
+            names={int(k): str(v) for k, v in parts.data["names"].items()},
+            callbacks=run.callback_states,
+            recipe=run.recipe_states,
             rng=rng_states(),
-            rank_rng=self.rank_rng if trainer.world_size > 1 else None,
+            rank_rng=self.rank_rng if run.world_size > 1 else None,
             epoch_batches=batches_done,
-            world_size=trainer.world_size,
+            world_size=run.world_size,
             optimizer_steps=p.optimizer_steps,
-            tloss=trainer.tloss.tolist() if batches_done and trainer.tloss is not None else None,
-            grads=resume_state.partial_grads(trainer.model) if batches_done else None,
-            use_l1=isinstance(trainer.criterion, YOLOXLoss) and trainer.criterion.use_l1,
-            metrics={k: float(v) for k, v in trainer.metrics.items()},
-            metrics_epoch=trainer.metrics_epoch,
-            monitor_value=trainer.monitor_value,
+            tloss=state.losses.tloss.tolist() if batches_done and state.losses.tloss is not None else None,
+            grads=resume_state.partial_grads(parts.model) if batches_done else None,
+            use_l1=isinstance(parts.criterion, YOLOXLoss) and parts.criterion.use_l1,
+            metrics={k: float(v) for k, v in metrics.values.items()},
+            metrics_epoch=metrics.epoch,
+            monitor_value=metrics.monitor_value,
             version=__version__,
             date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
 
-    def save_on_error(self, trainer) -> None:
-        """On an exception or signal: save last.pt with the current weights (epoch = last completed one).
+    def save_on_error(self, p: Any, world_size: int, error: BaseException, agreed: bool, wdir: Path,
+                      checkpoint_dict: Callable[[int, int], dict]) -> None:
+        """On an exception or signal (the caller checked the run was set up, is rank 0 and saves): save last.pt with the
+        current weights (epoch = last completed one, from the run's progress `p`), from `checkpoint_dict(epoch, batches_done)`.
 
-        After a signal every rank agreed on, the loop stopped after a whole batch: the save records that batch, and a resume
-        continues exactly there. Under DDP nothing else is saved: after a failure (a rank killed, a collective broken) the
-        ranks are no longer in step, so last.pt keeps the last checkpoint they all reached."""
-        p, agreed = trainer.state.progress, trainer.signals.agreed
-        if not (trainer.setup_done and trainer.is_main and trainer.args.save) or p.loop_done:
+        After a signal every rank agreed on (`agreed`), the loop stopped after a whole batch: the save records that batch,
+        and a resume continues exactly there. Under DDP nothing else is saved: after a failure (a rank killed, a collective
+        broken) the ranks are no longer in step, so last.pt keeps the last checkpoint they all reached."""
+        if p.loop_done:
             return  # after the last epoch, last.pt is already the final checkpoint
-        if trainer.world_size > 1 and not agreed:
-            LOGGER.warning(f"WARNING not saving last.pt after {type(trainer.exception).__name__}: the ranks are no longer in step; "
+        if world_size > 1 and not agreed:
+            LOGGER.warning(f"WARNING not saving last.pt after {type(error).__name__}: the ranks are no longer in step; "
                            f"it keeps the last checkpoint every rank reached")
             return
         batches = p.batches_done if agreed and p.completed_epoch < p.epoch else 0
-        last = trainer.wdir / "last.pt"
+        last = Path(wdir) / "last.pt"
         try:
-            save_checkpoint(serialize_checkpoint(trainer.checkpoint_dict(epoch=p.completed_epoch, batches_done=batches)), last)
+            save_checkpoint(serialize_checkpoint(checkpoint_dict(p.completed_epoch, batches)), last)
             LOGGER.info(f"saved {last} (resume with: yolo-cb train resume={last})")
         except Exception as error:  # the original error matters more than this one
             LOGGER.error(f"ERROR could not save last.pt after the failure: {error}")
@@ -120,15 +135,16 @@ class Checkpointer:
         return strip_optimizer(best, finished=True) if best.is_file() else None
 
     @staticmethod
-    def validate_best(trainer) -> None:
-        """Strip the optimizer from finished checkpoints; validate best.pt (firing on_val_*) into trainer.metrics."""
-        best, last = trainer.wdir / "best.pt", trainer.wdir / "last.pt"
-        cause, stripped_best = trainer.stop_cause, None
-        if trainer.completed_epoch + 1 >= trainer.epochs or (cause is not None and cause.finishes_run):
-            stripped_best = Checkpointer.strip_finished(last, best)
-        if best.is_file() and trainer.args.val:
-            LOGGER.info(f"validating {best}")
-            trainer.validator.plot = True
-            model = model_from_checkpoint(stripped_best or best).to(trainer.device)
-            trainer.state.metrics.values, trainer.state.metrics.epoch = dict(trainer.validator(model=model)), trainer.best_epoch  # best.pt's epoch
-            trainer.validator.plot = False
+    def validate_best(wdir: Path, finished: bool, validate: bool, validator: Any, device: Any) -> dict | None:
+        """Strip the optimizer from the checkpoints of a `finished` run; with `validate`, best.pt's metrics from `validator`
+        (firing on_val_*, with plots), else None."""
+        best, last = Path(wdir) / "best.pt", Path(wdir) / "last.pt"
+        stripped_best = Checkpointer.strip_finished(last, best) if finished else None
+        if not (best.is_file() and validate):
+            return None
+        LOGGER.info(f"validating {best}")
+        validator.plot = True
+        try:
+            return dict(validator(model=model_from_checkpoint(stripped_best or best).to(device)))
+        finally:
+            validator.plot = False

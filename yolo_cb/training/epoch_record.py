@@ -23,12 +23,6 @@ class EpochRecord:
     validated: bool = False  # the metrics are this epoch's (val_period / val=False skip some epochs)
     times: dict[str, float] = field(default_factory=dict)  # time/<phase>_ms of the epoch up to this record, and time/epoch_ms
 
-    @classmethod
-    def of(cls, trainer) -> EpochRecord:
-        """The record of the epoch the trainer just trained and validated."""
-        return cls(epoch=trainer.epoch + 1, time=round(trainer.elapsed, 3), train=trainer.label_loss_items(trainer.tloss, prefix="train"),
-                   metrics=dict(trainer.metrics), lr=dict(trainer.lr), validated=bool(trainer.validated_this_epoch), times=trainer.clock.phase_ms())
-
     @property
     def fitness(self) -> float | None:
         return self.metrics.get("fitness")

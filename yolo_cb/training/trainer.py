@@ -30,7 +30,7 @@ from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optim
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
-from yolo_cb.training.checkpointer import Checkpointer
+from yolo_cb.training.checkpointer import Checkpointer, RunParts
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.training.place import Place, make_save_dir, record_data_path
 from yolo_cb.training.recipe_parts import RecipeParts
@@ -80,7 +80,9 @@ class Trainer(TrainerSurface):
         `epoch` is the last completed epoch; mid-epoch (a save_steps or signal save) `epoch_batches` says how many batches
         of the next one are trained, with what resuming there needs: that epoch's mean losses, accumulated gradients, and
         every rank's RNG states under DDP (gathered on rank 0 just before)."""
-        return self.checkpointer.checkpoint_dict(self, epoch, batches_done)
+        run = RunParts(self.state, self.parts, self.step, self.args, self.save_dir, self.world_size, self.callbacks.state_dict(),
+                       self.recipe.state_dict())
+        return self.checkpointer.checkpoint(run, epoch, batches_done).to_dict()
 
     def _checkpoint_bytes(self, epoch: int | None = None) -> bytes:
         return serialize_checkpoint(self.checkpoint_dict(epoch=epoch))
@@ -140,7 +142,11 @@ class Trainer(TrainerSurface):
     def _finish(self) -> None:
         """Validate best.pt on rank 0, share the metrics, on_train_end (a signal during either still exits 130 / 143)."""
         if self.is_main:
-            self.checkpointer.validate_best(self)
+            cause = self.stop_cause
+            finished = self.completed_epoch + 1 >= self.epochs or (cause is not None and cause.finishes_run)
+            metrics = self.checkpointer.validate_best(self.wdir, finished, bool(self.args.val), self.validator, self.device)
+            if metrics is not None:  # best.pt's metrics, of best.pt's epoch
+                self.state.metrics.values, self.state.metrics.epoch = metrics, self.best_epoch
         self.state.metrics.values = distributed.broadcast_object(self.metrics)
         self._agree_to_stop()
         self._raise_on_signal()
@@ -155,7 +161,9 @@ class Trainer(TrainerSurface):
     def _fail(self, error: BaseException) -> None:
         """last.pt (when it can be saved exactly), then on_exception; the original error is what the user sees."""
         self.exception = error
-        self.checkpointer.save_on_error(self)
+        if self.setup_done and self.is_main and self.args.save:
+            self.checkpointer.save_on_error(self.state.progress, self.world_size, error, self.signals.agreed, self.wdir,
+                                            lambda epoch, batches: self.checkpoint_dict(epoch=epoch, batches_done=batches))
         try:
             self.run_callbacks("on_exception")
         except Exception as callback_error:  # the original error is what the user must see, not the handler's
@@ -314,7 +322,9 @@ class Trainer(TrainerSurface):
             self.state.best.epoch = self.epoch
         self._stop_early()
         self.checkpointer.gather_rank_rng(self.world_size)
-        self.output.record = EpochRecord.of(self)  # results.csv and every logger read this one record
+        self.output.record = EpochRecord(  # results.csv and every logger read this one record
+            epoch=self.epoch + 1, time=round(self.elapsed, 3), train=self.label_loss_items(self.tloss, prefix="train"),
+            metrics=dict(self.metrics), lr=dict(self.lr), validated=self.validated_this_epoch, times=self.clock.phase_ms())
         if self.recipe.schedule is not None:  # the next epoch's LR, before the checkpoint that holds it
             self.recipe.schedule.next_epoch(self.epoch, self.metrics, self.validated_this_epoch)
         if self.is_main and self.args.save:
