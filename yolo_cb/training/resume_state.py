@@ -18,6 +18,7 @@ from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
 from yolo_cb.training.resume import check_same_dataset
+from yolo_cb.training.run_state import RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -38,20 +39,22 @@ def resume_position(ckpt: Checkpoint | None) -> str | None:
     return f"epoch {int(ckpt.epoch) + 2}, batch {int(ckpt.epoch_batches or 0)}, step {int(ckpt.optimizer_steps)}, {ckpt.date}"
 
 
-def agree_on_checkpoint(trainer) -> None:
-    """Under DDP every rank must continue from the same checkpoint: rank 0's (the one that writes them). A rank whose own
-    copy differs or is missing (a per-node disk, a stale copy) receives rank 0's over the process group."""
-    if trainer.world_size <= 1:
-        return
-    mine = resume_position(trainer.resume_ckpt)
+def agree_on_checkpoint(ckpt: Checkpoint | None, rank: int, world_size: int, flag_device: Any) -> Checkpoint | None:
+    """The checkpoint this rank continues from. Under DDP every rank must continue from the same checkpoint: rank 0's (the
+    one that writes them). A rank whose own copy differs or is missing (a per-node disk, a stale copy) receives rank 0's
+    over the process group."""
+    if world_size <= 1:
+        return ckpt
+    mine = resume_position(ckpt)
     rank0 = distributed.broadcast_object(mine)
-    if not distributed.any_rank(mine != rank0, trainer.flag_device):
-        return
-    received = distributed.broadcast_object(trainer.resume_ckpt if trainer.rank == 0 else None)
-    if mine != rank0:
-        LOGGER.warning(f"WARNING rank {trainer.rank}: its own checkpoint ({mine or 'none'}) is not rank 0's ({rank0 or 'none: a fresh run'}); "
-                       f"using rank 0's, received over the process group")
-        trainer.resume_ckpt = received
+    if not distributed.any_rank(mine != rank0, flag_device):
+        return ckpt
+    received = distributed.broadcast_object(ckpt if rank == 0 else None)
+    if mine == rank0:
+        return ckpt
+    LOGGER.warning(f"WARNING rank {rank}: its own checkpoint ({mine or 'none'}) is not rank 0's ({rank0 or 'none: a fresh run'}); "
+                   f"using rank 0's, received over the process group")
+    return received
 
 
 def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
@@ -155,17 +158,17 @@ def partial_grads(model: torch.nn.Module) -> dict | None:
     return grads or None
 
 
-def continue_epoch(trainer) -> int:
+def continue_epoch(run: RunState, train_loader: Any, model: torch.nn.Module) -> int:
     """At the start of the first resumed epoch of a mid-epoch checkpoint: skip the batches already trained (their indices
     drawn, nothing loaded), take back that epoch's mean losses and accumulated gradients; the batches skipped (0: none)."""
-    state: MidEpoch | None = trainer.mid_epoch
-    trainer.state.progress.mid_epoch = None
+    state: MidEpoch | None = run.progress.mid_epoch
+    run.progress.mid_epoch = None
     if state is None:
         return 0
-    trainer.train_loader.skip_next(state.batches)
-    trainer.state.losses.tloss = state.tloss
+    train_loader.skip_next(state.batches)
+    run.losses.tloss = state.tloss
     grads: dict[str, Any] | None = state.grads
-    for name, p in unwrap(trainer.model).named_parameters():
+    for name, p in unwrap(model).named_parameters():
         if grads and name in grads:
             p.grad = grads[name].to(p.device)
     return state.batches

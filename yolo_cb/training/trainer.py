@@ -175,7 +175,7 @@ class Trainer(TrainerSurface):
         self.place.join_distributed(args.device)
         if self.world_size == 1:
             self.place.device = select_device(args.device)
-        resume_state.agree_on_checkpoint(self)  # under DDP: every rank on rank 0's checkpoint
+        self.resume_ckpt = resume_state.agree_on_checkpoint(self.resume_ckpt, self.rank, self.world_size, self.flag_device)  # DDP: rank 0's
         make_save_dir(self.place, args, self.resume_ckpt)
         self.run_callbacks("on_pretrain_routine_start")
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
@@ -235,7 +235,7 @@ class Trainer(TrainerSurface):
         self.optimizer.zero_grad(set_to_none=True)
         self.state.losses.tloss = None
         self.new_images.clear()
-        skip = resume_state.continue_epoch(self)  # a mid-epoch resume: the batches already trained are skipped
+        skip = resume_state.continue_epoch(self.state, self.train_loader, self.model)  # a mid-epoch resume: the batches already trained are skipped
         self.state.progress.batches_done = skip
         self.clock.mark = perf_counter()
         for batch_i, batch in enumerate(self.train_loader, start=skip):
