@@ -80,48 +80,62 @@ def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
                        f"it is written again when fitness improves")
 
 
-def load_state(trainer, ckpt: Checkpoint) -> None:
-    """Restore the built trainer from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, callback states, RNG;
-    refuses (ResumeError) a dataset other than the checkpoint's."""
-    load_weights_strictly(unwrap(trainer.model), ckpt.model, f"checkpoint '{trainer.args.resume}'")
+class Restored(NamedTuple):
+    """What a resume restores into: the run state, its parts (model, optimizer, EMA, criterion, data, batches: build.Parts),
+    the step (scaler, last optimizer step), the settings, the recipe's parts, the callbacks, this rank and the ranks."""
+
+    state: RunState
+    parts: Any
+    step: Any
+    args: Any
+    recipe: Any
+    callbacks: Any
+    rank: int
+    world_size: int
+
+
+def load_state(ckpt: Checkpoint, run: Restored) -> None:
+    """Restore a built run from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, the recipe's and callbacks'
+    states, RNG; refuses (ResumeError) a dataset other than the checkpoint's."""
+    load_weights_strictly(unwrap(run.parts.model), ckpt.model, f"checkpoint '{run.args.resume}'")
     if ckpt.optimizer:
-        trainer.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, trainer.optimizer, unwrap(trainer.model)))
+        run.parts.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, run.parts.optimizer, unwrap(run.parts.model)))
     else:
         LOGGER.warning("WARNING the checkpoint has no optimizer state (a finished run); the optimizer starts fresh")
-    if trainer.ema is not None and ckpt.ema:
-        trainer.ema.ema.load_state_dict(ckpt.ema)
-        trainer.ema.updates = int(ckpt.ema_updates)
-    if ckpt.scaler and trainer.scaler.is_enabled():
-        trainer.scaler.load_state_dict(ckpt.scaler)
-    trainer.state.progress.start_epoch = int(ckpt.epoch) + 1
-    trainer.state.progress.completed_epoch = trainer.start_epoch - 1
+    if run.parts.ema is not None and ckpt.ema:
+        run.parts.ema.ema.load_state_dict(ckpt.ema)
+        run.parts.ema.updates = int(ckpt.ema_updates)
+    if ckpt.scaler and run.step.scaler.is_enabled():
+        run.step.scaler.load_state_dict(ckpt.scaler)
+    run.state.progress.start_epoch = int(ckpt.epoch) + 1
+    run.state.progress.completed_epoch = run.state.progress.start_epoch - 1
     callback_states = dict(ckpt.callbacks or {})
     legacy_best = legacy_best_epoch(callback_states)  # older files: early stopping's own best, now the run's one best
     callback_states.pop(LEGACY_STATE, None)
     best_epoch = ckpt.best_epoch if ckpt.best_epoch is not None else legacy_best
-    trainer.state.best.fitness, trainer.state.best.epoch, trainer.state.metrics.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
-    trainer.state.metrics.values = dict(ckpt.metrics or {})
-    trainer.state.metrics.epoch, trainer.state.metrics.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
-    if isinstance(trainer.criterion, YOLOXLoss):
-        trainer.criterion.set_l1(bool(ckpt.use_l1))
+    run.state.best.fitness, run.state.best.epoch, run.state.metrics.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
+    run.state.metrics.values = dict(ckpt.metrics or {})
+    run.state.metrics.epoch, run.state.metrics.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
+    if isinstance(run.parts.criterion, YOLOXLoss):
+        run.parts.criterion.set_l1(bool(ckpt.use_l1))
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
-    trainer.step.last_opt_step = int(trainer.start_epoch * trainer.num_batches - 1 if recorded_step is None else recorded_step)
-    trainer.recipe.load_states(ckpt.recipe, callback_states)
-    trainer.callbacks.load_state_dict(callback_states)
-    restore_rng(ckpt, trainer.world_size, trainer.rank)
-    trainer.state.progress.optimizer_steps = int(ckpt.optimizer_steps)
-    skip = resume_batches(ckpt, trainer.num_batches, trainer.world_size, trainer.args.batch)
-    trainer.state.progress.epoch, trainer.state.progress.batches_done = min(trainer.start_epoch, trainer.epochs - 1), skip  # where a save before the loop resumes
+    run.step.last_opt_step = int(run.state.progress.start_epoch * run.parts.num_batches - 1 if recorded_step is None else recorded_step)
+    run.recipe.load_states(ckpt.recipe, callback_states)
+    run.callbacks.load_state_dict(callback_states)
+    restore_rng(ckpt, run.world_size, run.rank)
+    run.state.progress.optimizer_steps = int(ckpt.optimizer_steps)
+    skip = resume_batches(ckpt, run.parts.num_batches, run.world_size, run.args.batch)
+    run.state.progress.epoch, run.state.progress.batches_done = min(run.state.progress.start_epoch, run.state.progress.epochs - 1), skip  # where a save before the loop resumes
     if skip:
-        trainer.state.progress.stepped = True
-        trainer.state.progress.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
-    check_same_dataset(ckpt, trainer.data, trainer.args.resume)
-    if trainer.start_epoch >= trainer.epochs:  # killed after the last epoch was saved, before the run ended
-        LOGGER.info(f"all {trainer.epochs} epochs are trained; finishing the run (final validation of best.pt)")
+        run.state.progress.stepped = True
+        run.state.progress.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
+    check_same_dataset(ckpt, run.parts.data, run.args.resume)
+    if run.state.progress.start_epoch >= run.state.progress.epochs:  # killed after the last epoch was saved, before the run ended
+        LOGGER.info(f"all {run.state.progress.epochs} epochs are trained; finishing the run (final validation of best.pt)")
     elif skip:
-        LOGGER.info(f"resuming from epoch {trainer.start_epoch + 1} of {trainer.epochs}, after batch {skip} of {trainer.num_batches}")
+        LOGGER.info(f"resuming from epoch {run.state.progress.start_epoch + 1} of {run.state.progress.epochs}, after batch {skip} of {run.parts.num_batches}")
     else:
-        LOGGER.info(f"resuming from epoch {trainer.start_epoch + 1} of {trainer.epochs}")
+        LOGGER.info(f"resuming from epoch {run.state.progress.start_epoch + 1} of {run.state.progress.epochs}")
 
 
 def resume_batches(ckpt: Checkpoint, num_batches: int, world_size: int, batch: int) -> int:

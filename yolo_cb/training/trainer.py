@@ -189,7 +189,8 @@ class Trainer(TrainerSurface):
         self.parts.ema = ModelEMA(self.model) if self.is_main else None
         self.step.bind(StepBinding(args, self.parts, self.state, self.clock, self.run_callbacks, self.device, self.flag_device))
         if self.resume_ckpt is not None:
-            resume_state.load_state(self, self.resume_ckpt)
+            resume_state.load_state(self.resume_ckpt, resume_state.Restored(
+                self.state, self.parts, self.step, args, self.recipe, self.callbacks, self.rank, self.world_size))
         self._wrap_forward()
         self.parts.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
