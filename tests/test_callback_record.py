@@ -21,7 +21,7 @@ TINY = dict(model="yolox-nano.yaml", imgsz=64, batch=8, workers=0, mosaic=0.0, m
 
 
 class History:
-    """State updated in on_fit_epoch_end, after the checkpoint callback wrote last.pt in on_model_save."""
+    """State updated in on_fit_epoch_end, after the saver wrote last.pt (before on_model_save)."""
 
     def __init__(self):
         self.epochs: list[int] = []

@@ -273,8 +273,8 @@ def user_error(error: BaseException) -> BaseException | None:
     """The error to print as one line when `error` is the user's to fix, else None (a bug: keep the traceback).
 
     User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
-    FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback (a full disk met
-    while the checkpoint callback saves)."""
+    FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback or a step of the loop
+    (a full disk met while the saver writes)."""
     unsafe = getattr(sys.modules.get("yolo_cb.checkpoints.checkpoint"), "UnsafeCheckpointError", ())
     if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
         return error

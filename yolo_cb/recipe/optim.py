@@ -1,4 +1,4 @@
-"""Optimizer with decay / no-decay parameter groups (the learning-rate schedule is the lr_schedule callback).
+"""Optimizer with decay / no-decay parameter groups (the learning-rate schedule is recipe/schedule.py).
 
 Groups 0-2 are the scheduled ones: biases, weights with decay, normalisation weights. With `unfreeze_warmup > 0` the
 tensors freeze= froze go into late groups of their own after them, per frozen module and kind (bias / decay / norm),

@@ -28,7 +28,7 @@ class Progress:
     batches_done: int = 0  # batches of the current epoch trained so far (a mid-epoch checkpoint's position)
     optimizer_steps: int = 0  # optimizer steps since the run began (save_steps counts these)
     stepped: bool = False  # an optimizer step since the last completed epoch: weights are no longer that epoch's
-    save_step_due: bool = False  # the batch just ended with a save_steps multiple: the checkpoint callback writes last.pt
+    save_step_due: bool = False  # the batch just ended with a save_steps multiple: the saver writes last.pt
     loop_done: bool = False  # every epoch ran: last.pt is final, an error or signal after this must not overwrite it
     validate_every_epoch: bool = False  # trainer.validate_each_epoch() was called: every epoch from then on validates
     mid_epoch: Any = None  # on a mid-epoch resume: where the first epoch continues (resume_state.MidEpoch)
