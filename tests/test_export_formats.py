@@ -95,7 +95,8 @@ def exports(fitted):
             model = folder / "best.pt"
             shutil.copyfile(best, model)
             extra = [f"data={data}"] if "int8" in flags else []
-            proc = cli("export", f"model={model}", f"format={fmt}", "imgsz=64", *(f"{f}=True" for f in flags), *extra, cwd=folder)
+            # model= relative to the working folder, as a user types it (converters run in folders of their own)
+            proc = cli("export", f"model={model.name}", f"format={fmt}", "imgsz=64", *(f"{f}=True" for f in flags), *extra, cwd=folder)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
             made[variant] = str(folder / WRITTEN[variant])
             assert Path(made[variant]).exists(), proc.stdout[-2000:]
@@ -327,10 +328,10 @@ def test_benchmark_has_the_rows_of_the_installed_mobile_formats(fitted, tmp_path
     installed = [f for f in ("ncnn", "mnn", "tflite", "executorch") if all(importlib.util.find_spec(m) for m in NEEDS[f])]
     if not installed:
         pytest.skip("none of ncnn, MNN, LiteRT, ExecuTorch installed: pip install 'yolo-cb[ncnn]' (or make test-export-extras)")
-    proc = cli("benchmark", f"model={best}", f"data={data}", "imgsz=64", f"formats={','.join(installed)}", "threads=1", f"project={tmp_path}",
-               "name=bench", cwd=tmp_path)
+    proc = cli("benchmark", f"model={best}", f"data={data}", "imgsz=64", f"formats={','.join(installed)}", "threads=1", "project=rel",
+               "name=bench", cwd=tmp_path)  # a relative project=: the converters run in folders of their own
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split(",")[0]: line.split(",") for line in (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()[1:]}
+    rows = {line.split(",")[0]: line.split(",") for line in (tmp_path / "rel" / "bench" / "benchmark.csv").read_text().splitlines()[1:]}
     assert set(rows) == {"pytorch", *installed}
     for fmt in installed:  # each exported, validated and timed: its mAP within the fp32 bound of PyTorch's, a time per image
         assert float(rows[fmt][4]) <= MAP_TOL["fp32"] and float(rows[fmt][5]) > 0, rows[fmt]

@@ -96,6 +96,7 @@ def write_ncnn(onnx_file: Path, folder: Path, stem: str, shape: tuple[int, ...],
     pnnx's by-products (its own graph, Python scripts) are written to a work folder that is removed."""
     import pnnx
 
+    onnx_file, folder = Path(onnx_file).resolve(), Path(folder).resolve()  # the tool runs in its work folder: no relative path
     work = folder / ".pnnx"
     work.mkdir()
     try:
@@ -115,6 +116,7 @@ def write_mnn(onnx_file: Path, target: Path, half: bool, int8: bool, metadata: d
     is the model's bizCode. Not MNN.tools.mnnconvert: importing that module runs `pip install` and a usage logger. Its
     return value is no status (1 after "Converted Success!"): a missing or empty model is the failure."""
     flags = ["--fp16"] if half else ["--weightQuantBits", "8"] if int8 else []
+    onnx_file, target = Path(onnx_file).resolve(), Path(target).resolve()  # the tool runs in the target's folder
     _tool([sys.executable, "-c", "import sys, _tools; _tools.mnnconvert(sys.argv)", "-f", "ONNX", "--modelFile", str(onnx_file),
            "--MNNModel", str(target), "--bizCode", json.dumps(metadata), *flags], "MNNConvert", target.parent)
     if not target.is_file() or target.stat().st_size == 0:
