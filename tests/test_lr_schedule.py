@@ -248,3 +248,19 @@ def test_a_user_lr_change_survives_stop_and_resume(tiny, tmp_path):
     assert sorted({e for e, _, _, _ in seen}) == [1, 2]
     for epoch, _, lrs, _ in seen:
         assert lrs == pytest.approx([0.5 * 0.002 * lf(epoch)] * 3, rel=1e-9), epoch
+
+
+@pytest.mark.slow
+def test_a_declared_lr_schedule_replaces_the_setting_and_is_refused_once_started(tiny):
+    """`- lr_schedule: {lr_scheduler: constant}` in callbacks= makes the loop's schedule constant (the setting says linear),
+    through trainer.use_schedule; choosing a schedule after it started raises."""
+    seen = []
+    model = YOLO("yolox-nano.yaml")
+    record_lrs(model, seen)
+    model.train(**{**tiny, "epochs": 2, "warmup_epochs": 0.0, "callbacks": [{"lr_schedule": {"lr_scheduler": "constant"}}]})
+    lr0 = model.trainer.args.lr0
+    assert {lr for _, _, lrs, _ in seen for lr in lrs} == {lr0}  # linear would have been lr0 * 0.505 in epoch 2
+    late = YOLO("yolox-nano.yaml")
+    late.add_callback("on_train_start", lambda trainer: trainer.use_schedule("cosine"))
+    with pytest.raises(Exception, match="the LR schedule has started"):
+        late.train(**{**tiny, "epochs": 1})
