@@ -52,7 +52,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
                      "convert", "check", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
-    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "monitor", "optim", "schedule", "stop"),
+    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop"),
     "yolo_cb.prediction": ("torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
                            "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
@@ -61,7 +61,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
                          "resume_state", "checkpointer", "place", "saver", "recipe_parts", "trainer"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
                              "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
-    "yolo_cb.assembly": ("average_best", "unfreeze", "builtin", "catalog", "assemble"),
+    "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
     "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),
 }
 MAX_MODULES_PER_PACKAGE = 15  # a folder past this is a drawer: split it by concern

@@ -11,7 +11,7 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.assembly.average_best import average_checkpoints
+from yolo_cb.recipe.average import average_checkpoints
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import ConfigError, get_config
 
@@ -26,8 +26,10 @@ def run(tmp_path_factory, shapes_small_yaml) -> tuple[Path, list[str]]:
     handler.emit = lambda record: lines.append(record.getMessage())
     logging.getLogger("yolo_cb").addHandler(handler)
     try:
-        YOLO("yolox-nano.yaml").train(**{**TINY, "epochs": 3, "save_topk": 2, "average_best": 2, "data": str(shapes_small_yaml),
-                                         "project": str(root), "name": "exp"})
+        model = YOLO("yolox-nano.yaml")
+        model.add_callback("on_train_end", lambda trainer: lines.append("on_train_end fired"))
+        model.train(**{**TINY, "epochs": 3, "save_topk": 2, "average_best": 2, "data": str(shapes_small_yaml), "project": str(root),
+                       "name": "exp"})
     finally:
         logging.getLogger("yolo_cb").removeHandler(handler)
     return root / "exp", lines
@@ -55,6 +57,7 @@ def test_one_line_says_which_file_was_kept(run):
     assert len(said) == 1
     kept = (folder / "weights" / "best_avg.pt").is_file()
     assert ("best_avg.pt" in said[0]) == kept and ("kept best.pt" in said[0]) == (not kept)
+    assert lines.index(said[0]) < lines.index("on_train_end fired")  # a loop step before on_train_end: loggers see the file
 
 
 def test_average_best_needs_save_topk():

@@ -145,9 +145,32 @@ def test_unfreeze_settings_without_freeze_are_refused(tmp_path, shapes_small_yam
 
 
 def test_unfreeze_stages_are_checked():
-    from yolo_cb.assembly.unfreeze import parse_stages
+    from yolo_cb.recipe.unfreeze import parse_stages
 
     assert parse_stages({"3": ["a.b"], 1: "all"}) == {1: "all", 3: ["a.b"]}
     for bad in ({-1: "all"}, {1: "some"}, {}, [1]):
         with pytest.raises(ConfigError, match="unfreeze"):
             parse_stages(bad)
+
+
+def test_declared_stages_replace_unfreeze_epoch_through_the_control(tmp_path, shapes_small_yaml):
+    """`- unfreeze: {stages: {1: [stem]}}` (no unfreeze_epoch): the stem is fixed in epoch 0 and trains in epoch 1, dark2
+    stays frozen; the control refuses stages once training has started."""
+    late: list[str] = []
+
+    def too_late(trainer):
+        with pytest.raises(RuntimeError, match="use_unfreeze_stages.*on_pretrain_routine_start"):
+            trainer.use_unfreeze_stages({1: "all"})
+        late.append("refused")
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_train_start", too_late)
+    stem = FROZEN[0].rstrip(".")
+    model.train(**{**RUN, "epochs": 2, "data": str(shapes_small_yaml), "project": str(tmp_path), "name": "declared",
+                   "callbacks": [{"unfreeze": {"stages": {1: [stem]}}}]})
+    run = tmp_path / "declared"
+    initial, epoch1, epoch2 = weights(run, "initial.pt"), weights(run, "epoch1.pt"), weights(run, "epoch2.pt")  # 1-based files
+    assert late == ["refused"]
+    assert not changed(initial, epoch1, FROZEN)
+    assert {k for k in initial if k.startswith(FROZEN[0]) and k.endswith(".weight")} <= set(changed(epoch1, epoch2, FROZEN))
+    assert not changed(epoch1, epoch2, (FROZEN[1],))

@@ -1,7 +1,8 @@
-"""The default callbacks every trainer has: the progress bar; early stopping's declared parameters.
+"""The default callbacks every trainer has: the progress bar; the recipe's declarations (early stopping's parameters,
+the LR schedule's choice, unfreeze stages), which hand their values to the loop through the trainer's controls.
 
-results.csv, the checkpoint files and the LR schedule are steps the loop calls by name (yolo_cb/training/saver.py,
-yolo_cb/recipe/schedule.py), not callbacks.
+results.csv, the checkpoint files, the LR schedule, unfreezing and checkpoint averaging are steps the loop calls by name
+(yolo_cb/training/saver.py, yolo_cb/recipe/schedule.py, recipe/unfreeze.py, recipe/average.py), not callbacks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from yolo_cb.callbacks.lr_settings import resolve
 from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.recipe.unfreeze import parse_stages
 from yolo_cb.utils.log import LOGGER
 
 
@@ -108,9 +110,22 @@ class ScheduleChoice:
         trainer.use_schedule(self.lr_scheduler)
 
 
+@register_callback("unfreeze")
+class UnfreezeChoice:
+    """Unfreeze stages declared as a callback (`- unfreeze: {stages: {5: [backbone.backbone.dark5], 10: all}}`): the
+    loop's unfreeze schedule (yolo_cb/recipe/unfreeze.py) follows them instead of unfreeze_epoch, through the trainer's
+    use_unfreeze_stages control."""
+
+    def __init__(self, stages: dict):
+        self.stages = parse_stages(stages)  # {0-based epoch: "all" | [module names]}, checked when declared
+
+    def on_pretrain_routine_start(self, trainer):
+        trainer.use_unfreeze_stages(self.stages)
+
+
 # the default callbacks, registered in this order; their own `after` / `before` say what else must hold
 DEFAULTS = ("lr_schedule", "progress", "callback_record")  # lr_schedule: only for lr_scheduler=module:Class (your class)
 
-# the loop's own steps (the LR schedule, results.csv, the checkpoint files), named as the callbacks that did them once
-# were: after= / before= may name them (the files are written before on_model_save), they place nothing
-LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state")
+# the loop's own steps (the LR schedule, results.csv, the checkpoint files, checkpoint averaging), named as the callbacks
+# that did them once were: after= / before= may name them (the files are written before on_model_save), they place nothing
+LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state", "average_best")

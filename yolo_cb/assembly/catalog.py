@@ -16,7 +16,7 @@ import pkgutil
 from typing import Any
 
 from yolo_cb import integrations
-from yolo_cb.assembly import average_best, builtin, unfreeze  # noqa: F401  (register the recipe callbacks: every trainer's, averaging, unfreezing)
+from yolo_cb.assembly import builtin  # noqa: F401  (registers every trainer's callbacks and the recipe's declarations)
 from yolo_cb.callbacks import record  # noqa: F401  (registers callbacks_record)
 from yolo_cb.callbacks.registry import REGISTRY, resolve_alias
 from yolo_cb.callbacks.spec_check import Declaration, bad_item, declarations

@@ -17,7 +17,7 @@ every other parameter, skips it (no step, no weight decay, no state) and it stay
 frozen modules whose own parameters are all still frozen are kept in eval mode, so their running statistics stay
 bit-identical too (Ultralytics lets them drift; here frozen means frozen).
 
-Unfreezing is setting requires_grad=True again (`unfreeze_modules`, the `unfreeze` callback, or a user's callback): from
+Unfreezing is setting requires_grad=True again (`unfreeze_modules`: the loop's unfreeze stages, recipe/unfreeze.py, or a user's callback): from
 the next optimizer step the tensor trains at its group's current LR (ramped up over unfreeze_warmup epochs: the late
 groups of yolo_cb/recipe/optim.py), with fresh optimizer state (momentum / Adam moments start at zero, as for a new parameter); its BatchNorm statistics follow from the next epoch on (training/build.py `sync_trainable`, after
 on_train_epoch_start). Under DDP the wrapper registers only trainable tensors when it is built, so `sync_trainable`

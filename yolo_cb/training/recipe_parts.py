@@ -2,7 +2,8 @@
 
 `RecipeParts` holds them: the monitored metric (recipe/monitor.py), early stopping (recipe/early_stop.py), the LR
 schedule (recipe/schedule.py; None with lr_scheduler=none or module:Class, where a callback sets the LR), the saver
-(saver.py) and results.csv's rows (saver.py's ResultsLog). A checkpoint stores the stateful ones under `recipe`; files written
+(saver.py), results.csv's rows (saver.py's ResultsLog), the unfreeze stages (recipe/unfreeze.py) and checkpoint
+averaging (recipe/average.py). A checkpoint stores the stateful ones under `recipe`; files written
 while they were callbacks hold their states under the callbacks' names, read by `load_states`.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from yolo_cb.recipe.average import BestAverager
 from yolo_cb.recipe.early_stop import EarlyStop
 from yolo_cb.recipe.monitor import Monitor
 from yolo_cb.recipe.schedule import LRSchedule
+from yolo_cb.recipe.unfreeze import UnfreezeStages
 from yolo_cb.training.saver import ResultsLog, Saver
 
 # each stateful part -> the name of the callback that held its state in checkpoints written before it was a part
@@ -27,11 +30,13 @@ class RecipeParts:
     schedule: LRSchedule | None  # the LR of every group (None: lr_scheduler=none or module:Class, a callback's job)
     saver: Saver  # which checkpoint files, and when
     results: ResultsLog  # results.csv's rows
+    unfreeze: UnfreezeStages | None  # when freeze= layers join training (None: they never do)
+    averager: BestAverager | None  # average_best=k: best_avg.pt at the end (None: off)
 
     @classmethod
     def from_args(cls, args: Any) -> RecipeParts:
         return cls(Monitor.from_args(args), EarlyStop(args.patience), LRSchedule() if LRSchedule.wanted(args) else None,
-                   Saver(args), ResultsLog())
+                   Saver(args), ResultsLog(), UnfreezeStages.from_args(args), BestAverager.from_args(args))
 
     def stateful(self) -> dict[str, Any]:
         return {name: part for name, part in (("lr_schedule", self.schedule), ("saver", self.saver), ("results", self.results))

@@ -12,6 +12,7 @@ from typing import Any
 
 from yolo_cb.recipe.schedule import LRSchedule
 from yolo_cb.recipe.stop import StopCause, refuse_foreign_stop_flag
+from yolo_cb.recipe.unfreeze import UnfreezeStages
 from yolo_cb.training.run_state import delegate, state_field
 from yolo_cb.utils.plotting import images_in
 
@@ -118,6 +119,13 @@ class TrainerSurface:
         if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.groups):
             raise RuntimeError("trainer.use_schedule(): the LR schedule has started; choose it in on_pretrain_routine_start")
         self.recipe.schedule = LRSchedule(lr_scheduler)
+
+    def use_unfreeze_stages(self, stages: dict) -> None:
+        """Before training starts (on_pretrain_routine_start): freeze='s modules join training at these stages
+        ({0-based epoch: "all" | [module names]}) instead of at unfreeze_epoch."""
+        if self.setup_done:
+            raise RuntimeError("trainer.use_unfreeze_stages(): training has started; declare the stages in on_pretrain_routine_start")
+        self.recipe.unfreeze = UnfreezeStages(stages, self.args.unfreeze_warmup)
 
     def validate_each_epoch(self) -> None:
         """Validate after every epoch from now on, whatever val_period says (the YOLOX no-augmentation stage does)."""

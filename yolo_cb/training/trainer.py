@@ -2,7 +2,8 @@
 every step called by name, every step firing its event.
 
 The recipe's parts are objects the loop calls: the LR schedule (recipe/schedule.py), early stopping
-(recipe/early_stop.py), results.csv and the checkpoint files (saver.py). Progress, integrations and the
+(recipe/early_stop.py), results.csv and the checkpoint files (saver.py), unfreezing (recipe/unfreeze.py) and checkpoint
+averaging (recipe/average.py). Progress, integrations and the
 user's callbacks are callbacks; they steer the run only through the controls (request_stop, withdraw_stop, end_after,
 validate_each_epoch, patience, restore_best, set_lr). The state is typed (`trainer.state`, run_state.py); the parts live
 beside it: build.py (model, loaders, validator), step.py (one batch), checkpointer.py (what a checkpoint holds, last.pt
@@ -154,6 +155,8 @@ class Trainer(TrainerSurface):
             restore_best_weights(self.best, self.model, self.ema.ema if self.ema else None)  # best.pt's weights, not the last epoch's
         if self.is_main and self.args.plots and self.args.save:
             self.plot_metrics()
+        if self.is_main and self.args.save and self.recipe.averager is not None:  # best_avg.pt, before loggers' on_train_end
+            self.recipe.averager.average(self.wdir, self.recipe.monitor, self.metrics, lambda model: self.validator(model=model.to(self.device)))
         self.run_callbacks("on_train_end")
         self._raise_on_signal()
         self._log_callback_stats()
@@ -204,10 +207,13 @@ class Trainer(TrainerSurface):
         self.run_callbacks("on_pretrain_routine_end")
 
     def _start_recipe(self) -> None:
-        """The schedule sets the first epoch's LR (a resume restored its state); a resume rewrites results.csv."""
+        """The schedule sets the first epoch's LR (a resume restored its state); the unfreeze stages are checked against
+        what freeze= froze; a resume rewrites results.csv."""
         if self.recipe.schedule is not None:
             self.recipe.schedule.start(self.optimizer, self.args, self.epochs, self.start_epoch, self.warmup_iters, self.warmup_bias_lr,
                                 self.momentum)
+        if self.recipe.unfreeze is not None:
+            self.recipe.unfreeze.check(self.frozen, self.epochs, self.is_main)
         if self.is_main and self.args.save and self.start_epoch > 0:
             self.recipe.results.resume(self.save_dir, self.start_epoch)
 
@@ -229,8 +235,10 @@ class Trainer(TrainerSurface):
     # --- epoch / batch ------------------------------------------------------------------
     def _train_epoch(self) -> None:
         self.model.train()
+        if self.recipe.unfreeze is not None:  # freeze= layers whose stage is reached train from this epoch on
+            self.recipe.unfreeze.apply(self.epoch, self.epochs, unwrap(self.model), self.frozen, self.is_main)
         self.run_callbacks("on_train_epoch_start")  # the stage switch may close mosaic here, before the iterator exists
-        if build.stale_wrapper(self.parts, self.world_size):  # after it: a callback may unfreeze here
+        if build.stale_wrapper(self.parts, self.world_size):  # after it: unfrozen layers (a callback may unfreeze too)
             self._wrap_forward()
         self.train_loader.set_epoch(self.epoch)
         self.optimizer.zero_grad(set_to_none=True)

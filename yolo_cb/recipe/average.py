@@ -8,19 +8,19 @@ included (an arithmetic mean of the k statistics: cheap, and close to recomputin
 another); integer tensors (num_batches_tracked) are taken from the best checkpoint. The averaged file is validated on
 the first validation set and compared with best.pt's final validation on the monitored metric (`monitor`, when the
 validation gives it; else fitness). One line says which file was kept and by how much; a worse average is not kept.
-trainer.metrics stay best.pt's either way.
+trainer.metrics stay best.pt's either way. The loop calls it before on_train_end, so loggers see best_avg.pt.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-from yolo_cb.callbacks.registry import integration
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
-from yolo_cb.errors import ConfigError
+from yolo_cb.recipe.monitor import Monitor
 from yolo_cb.utils.log import LOGGER
 
 
@@ -46,42 +46,35 @@ def average_checkpoints(paths: list[Path]) -> Checkpoint:
     return replace(ckpts[0], **weights, optimizer=None, extras={**ckpts[0].extras, "averaged_epochs": epochs})
 
 
-# it writes a model file a user may deploy: a failure must be seen
-@integration("average_best", enabled=lambda args: bool(args.average_best), on_error="raise")
-class AverageBest:
-    """Averages the k best checkpoints at the end of training; see the module docstring. Main process only."""
+class BestAverager:
+    """average_best=k: at the end of the run, the k best best_epoch*.pt averaged into best_avg.pt, kept only if it
+    validates better than best.pt; see the module docstring. The loop calls `average` on the main process."""
 
-    rank_zero_only = True
+    def __init__(self, k: int):
+        self.k = int(k)  # how many of the best checkpoints to average (checked with save_topk in yolo_cb/config.py)
 
-    def __init__(self, k: int | None = None):
-        self.k = k  # None: the average_best setting
+    @classmethod
+    def from_args(cls, args: Any) -> BestAverager | None:
+        return cls(args.average_best) if args.average_best else None
 
-    def on_pretrain_routine_start(self, trainer):
-        k = self._k(trainer)  # the setting is checked with save_topk in yolo_cb/config.py; a k given here is checked here
-        if k < 2 or trainer.args.save_topk < k:
-            raise ConfigError(f"average_best: k={k}; give an integer >= 2 and save_topk >= {k} (save_topk is {trainer.args.save_topk})")
-
-    def _k(self, trainer) -> int:
-        return int(self.k if self.k is not None else trainer.args.average_best)
-
-    def on_train_end(self, trainer):
-        if not trainer.is_main or not trainer.args.save:
-            return
-        files = sorted(trainer.wdir.glob("best_epoch*.pt"), key=lambda p: trainer.monitor.best_first(float(load_checkpoint(p).monitor_value)))
-        files = files[: self._k(trainer)]
+    def average(self, wdir: Path, monitor: Monitor, best_metrics: dict, validate: Callable[[torch.nn.Module], dict]) -> Path | None:
+        """best_avg.pt from the k best files of `wdir`, when `validate(model)` rates it better than `best_metrics`
+        (best.pt's final validation); returns the file kept, or None."""
+        files = sorted(wdir.glob("best_epoch*.pt"), key=lambda p: monitor.best_first(float(load_checkpoint(p).monitor_value)))[: self.k]
         if len(files) < 2:
             LOGGER.info(f"average_best: {len(files)} best_epoch*.pt file(s) kept, nothing to average; best.pt is the model")
-            return
+            return None
         averaged = average_checkpoints(files)
-        target = trainer.wdir / "best_avg.pt"
-        metrics = dict(trainer.validator(model=model_from_checkpoint(averaged).to(trainer.device)))
-        key = trainer.monitor.key if trainer.monitor.key in metrics and trainer.monitor.key in trainer.metrics else "fitness"
-        mine, best = float(metrics[key]), float(trainer.metrics.get(key, float("nan")))
+        target = wdir / "best_avg.pt"
+        metrics = dict(validate(model_from_checkpoint(averaged)))
+        key = monitor.key if monitor.key in metrics and monitor.key in best_metrics else "fitness"
+        mine, best = float(metrics[key]), float(best_metrics.get(key, float("nan")))
         epochs = ", ".join(str(e) for e in averaged.extras["averaged_epochs"])
-        if trainer.monitor.improved(mine, best):
+        if monitor.improved(mine, best):
             save_checkpoint(replace(averaged, metrics=metrics), target)
             LOGGER.info(f"average_best: kept {target} (epochs {epochs} averaged): {key} {mine:.5g} vs best.pt's {best:.5g} ({mine - best:+.5g})")
-        else:
-            target.unlink(missing_ok=True)
-            LOGGER.info(f"average_best: kept best.pt; the average of epochs {epochs} validates {key} {mine:.5g} vs {best:.5g} "
-                        f"({mine - best:+.5g}), not better")
+            return target
+        target.unlink(missing_ok=True)
+        LOGGER.info(f"average_best: kept best.pt; the average of epochs {epochs} validates {key} {mine:.5g} vs {best:.5g} "
+                    f"({mine - best:+.5g}), not better")
+        return None
