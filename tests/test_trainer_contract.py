@@ -28,7 +28,8 @@ CALLBACK_NAMES = (
     "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
     "data_fingerprint", "lr_schedule", "epoch_record", "new_images", "setup_done",
     # the controls (docs/callbacks.md): beside request_stop and stop
-    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best", "patience",
+    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best", "patience", "set_lr", "use_schedule",
+    "use_unfreeze_stages",
 )
 
 
@@ -84,6 +85,20 @@ def test_every_trainer_name_our_callbacks_read_is_declared():
     undeclared = {n: where for n, where in read.items() if not (hasattr(Trainer, n) or n in vars(instance))}
     unpinned = {n: where for n, where in read.items() if n not in CALLBACK_NAMES + ("train",)}  # train(): launch.py runs it
     assert not undeclared and not unpinned, (undeclared, unpinned)
+
+
+def test_at_most_40_trainer_names_are_read_outside_the_trainer_each_pinned():
+    """Issue 43's count: the distinct `trainer.<name>` reads (not writes) in yolo_cb/ outside the trainer's own modules
+    (training/trainer.py, training/surface.py) are at most 40 (79 at 7f3d9f3), and each is a name this file pins."""
+    package = Path(__file__).resolve().parents[1] / "yolo_cb"
+    own = {package / "training" / "trainer.py", package / "training" / "surface.py"}
+    read: dict[str, str] = {}
+    for path in sorted(set(package.rglob("*.py")) - own):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name) and node.value.id == "trainer":
+                read.setdefault(node.attr, f"{path.relative_to(package)}:{node.lineno}")
+    assert 30 < len(read) <= 40, sorted(read)
+    assert not {n: w for n, w in read.items() if n not in CALLBACK_NAMES + ("train",)}
 
 
 def test_run_state_fields_are_few_and_typed():

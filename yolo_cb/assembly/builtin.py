@@ -49,7 +49,8 @@ class Progress:
 
     def line(self, trainer) -> str:
         losses = "".join(f"{v:>11.4g}" for v in trainer.tloss)
-        return f"{f'{trainer.epoch + 1}/{trainer.epochs}':>11}{losses}{trainer.batch_instances:>11}{trainer.batch_size_px:>11}"
+        boxes, size = (trainer.batch["targets"].shape[0], trainer.batch["img"].shape[-1]) if trainer.batch else (0, 0)
+        return f"{f'{trainer.epoch + 1}/{trainer.epochs}':>11}{losses}{boxes:>11}{size:>11}"
 
     def on_train_batch_end(self, trainer):
         if self.bar is not None:

@@ -98,7 +98,7 @@ class CallbackRecord:
     def teardown(self, trainer):
         if not trainer.is_main:
             return
-        records = list(self.others) or [None] * max(trainer.world_size, 1)
+        records = list(self.others) or [None] * distributed.world_size()
         records[0] = trainer.callbacks.record()
         self.write(trainer, records)
 
@@ -106,6 +106,6 @@ class CallbackRecord:
     def write(trainer, records: list[list[dict] | None]) -> None:
         if not trainer.is_main or not trainer.args.save or not trainer.save_dir or not Path(trainer.save_dir).is_dir():
             return
-        document = {"world_size": max(trainer.world_size, 1), "ranks_missing": [r for r, rows in enumerate(records) if rows is None],
+        document = {"world_size": max(len(records), 1), "ranks_missing": [r for r, rows in enumerate(records) if rows is None],
                     "callbacks": merge(records)}
         atomic_write_text(Path(trainer.save_dir) / RECORD_FILE, json.dumps(document, indent=1) + "\n")

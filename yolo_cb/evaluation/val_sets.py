@@ -17,6 +17,7 @@ table to results_per_class_<name>.csv. A path under `val:` is one set. The final
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -41,21 +42,20 @@ def placeholder_keys(data: dict, metrics: dict[str, float]) -> dict[str, float]:
     return {key: value for name in names for key, value in prefixed(name, metrics).items()}
 
 
-def validate_sets(trainer) -> dict[str, float]:
-    """Validate the first set (the validator's own loader), then every other set; one metrics dict with all of them."""
-    validator, parts = trainer.validator, trainer.parts
-    result = validator(trainer=trainer)
-    first = first_name(parts.data)
+def validate_sets(validate_on: Callable[[Any], Mapping], validator: Any, data: dict, first_loader: Any,
+                  extra_val: dict[str, Any]) -> dict[str, float]:
+    """Validate the first set, then every other set; one metrics dict with all of them. `validate_on(loader)` validates
+    the training's model on one loader with `validator` (the trainer's validation, val losses included)."""
+    result = validate_on(first_loader)
+    first = first_name(data)
     if first is None:
         return dict(result)
     out = {**result, **prefixed(first, result)}
-    own = parts.test_loader
     try:
-        for name, loader in parts.extra_val.items():
-            parts.test_loader = loader  # the validator validates trainer.test_loader
+        for name, loader in extra_val.items():
             validator.set_name = name  # callbacks on on_val_* see which set; per-class rows go to its own CSV
-            out.update(prefixed(name, dict(validator(trainer=trainer))))
+            out.update(prefixed(name, dict(validate_on(loader))))
     finally:
-        parts.test_loader, validator.set_name = own, None
-        validator.dataloader, validator.metrics = own, result  # validator.metrics: the first set's, as without extra sets
+        validator.set_name = None
+        validator.dataloader, validator.metrics = first_loader, result  # validator.metrics: the first set's, as without extra sets
     return out

@@ -104,7 +104,7 @@ class Validator:
         # The live training model is validated under no_grad, not inference_mode: tensors a module caches during an
         # inference-mode forward (e.g. anchor grids) could not be saved for backward in the next training step.
         self._grad_ctx = torch.inference_mode if getattr(trainer, "ema", None) else torch.no_grad
-        self.device = torch.device(trainer.device) if not isinstance(trainer.device, torch.device) else trainer.device
+        self.device = next(model.parameters()).device  # the trainer's device: the model lives there
         self.dataloader = getattr(trainer, "test_loader", None) or self.dataloader
         self.data = trainer.data
         self.names = {int(k): str(v) for k, v in trainer.data["names"].items()}
@@ -179,13 +179,15 @@ class Validator:
         return build_dataloader(dataset, batch, args.workers, shuffle=False, rank=-1)
 
     # --- the run ----------------------------------------------------------------------------
-    def __call__(self, trainer=None, model=None) -> DetectionMetrics:
+    def __call__(self, trainer=None, model=None, dataloader=None) -> DetectionMetrics:
         """Validate `trainer`'s model (with val losses) or `model` (path / Module / Backend); returns the metrics (a dict of the
-        metric keys with Ultralytics' attributes: box.map, results_dict, speed, ...; see yolo_cb.evaluation.val_metrics)."""
+        metric keys with Ultralytics' attributes: box.map, results_dict, speed, ...; see yolo_cb.evaluation.val_metrics).
+        `dataloader`: validate on it instead of trainer.test_loader (another validation set)."""
         self._modes: dict = {}  # submodule -> training flag, restored afterwards
-        own_loader = trainer is None and self.dataloader is None  # built here: its workers end with this call
+        own_loader = trainer is None and self.dataloader is None and dataloader is None  # built here: its workers end with this call
         try:
             model = self._setup_trainer(trainer) if trainer is not None else self._setup_standalone(model)
+            self.dataloader = dataloader if dataloader is not None else self.dataloader
             self.model = model
             n_batches, loss_sums, times = self._run(model)
         finally:

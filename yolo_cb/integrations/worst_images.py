@@ -81,7 +81,7 @@ def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
     model.eval()
     try:
         with torch.no_grad():
-            preds = model(images.to(trainer.device).float() / 255)
+            preds = model(images.to(next(model.parameters()).device).float() / 255)
     finally:
         for module, mode in modes:
             module.train(mode)

@@ -287,7 +287,10 @@ class Trainer(TrainerSurface):
     def validate(self) -> tuple[dict, float]:
         """(metrics, fitness) of this epoch (Ultralytics' return): every validation set on rank 0, shared with every
         rank. An override may add metrics or change the fitness (call super().validate() first)."""
-        metrics = val_sets.validate_sets(self) if self.is_main else None  # every validation set (one, usually)
+        metrics = None
+        if self.is_main:  # every validation set (one, usually)
+            validate_on = lambda loader: self.validator(trainer=self, dataloader=loader)  # noqa: E731
+            metrics = val_sets.validate_sets(validate_on, self.validator, self.data, self.test_loader, self.parts.extra_val)
         metrics = distributed.broadcast_object(metrics)
         return metrics, float(metrics.get("fitness", 0.0))
 
