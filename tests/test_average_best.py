@@ -11,9 +11,9 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.recipe.average import average_checkpoints
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.config import ConfigError, get_config
+from yolo_cb.recipe.average import average_checkpoints
 
 pytestmark = pytest.mark.slow
 

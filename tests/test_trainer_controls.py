@@ -15,8 +15,8 @@ from yolo_cb.recipe.stop import StopCause
 PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # run-state names only the trainer writes; a callback reaches them through a control
 OWNED_BY_THE_TRAINER = {"stop_cause", "stop_reason", "epochs", "start_epoch", "epoch", "validate_every_epoch"}
-# the functions that still fill settings in while a run is planned (before the trainer seals them)
-PLANNING = {("plan.py", "fresh_train_args"), ("training/trainer.py", "__init__"), ("training/place.py", "record_data_path")}
+# the functions that fill settings in while a run is planned, all called from yolo_cb/plan.py before it seals them
+PLANNING = {("plan.py", "fresh_train_args"), ("plan.py", "settle"), ("training/place.py", "record_data_path")}
 
 
 def writes_outside_the_plan(package: Path) -> list[str]:

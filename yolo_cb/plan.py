@@ -1,6 +1,6 @@
 """One plan per training run: `plan_run` decides, once and in this module, everything a run is before it starts.
 
-The settings (resolved once, sealed by the trainer), the model it starts from, the checkpoint a resume continues, the
+The settings (resolved once, completed and sealed here: `settle`), the model it starts from, the checkpoint a resume continues, the
 number of processes, and the callbacks — for `YOLO.train`, the CLI (which hands its resolved settings in), `resume=`
 paths, `resume=auto`, `DetectionTrainer(overrides=...)`, tune trials (each a `YOLO.train`) and DDP workers
 (`plan_worker`, from the launcher's payload). The trainer is made from the plan (`RunPlan.trainer`).
@@ -21,6 +21,7 @@ from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.config import Config, get_config
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.training import resume
+from yolo_cb.training.place import record_data_path
 from yolo_cb.training.resume import ResumePlan
 from yolo_cb.utils.log import setup_logging
 
@@ -29,7 +30,7 @@ from yolo_cb.utils.log import setup_logging
 class RunPlan:
     """A training run, decided. `finished`: a resume of a run that ended (nothing to train: `resume.finished_run`)."""
 
-    args: Config  # the settings, resolved once; the trainer seals them
+    args: Config  # the settings, resolved once and sealed (nothing writes them after the plan)
     start: Any  # what the model starts from: a model YAML, weights, a module load()ed in memory; None on resume
     checkpoint: Checkpoint | None  # the checkpoint a resume continues (its run folder is verified by the trainer)
     resume_path: Path | None  # that checkpoint's file
@@ -66,6 +67,7 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
     else:
         args, start = fresh_train_args(overrides, model, resolved)
         start = loaded if loaded is not None else start
+    settle(args, start)
     setup_logging(args.verbose)
     check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
     world = world_size_for(args)
@@ -77,10 +79,20 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
 def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_path: str | None) -> RunPlan:
     """A DDP worker's plan, from the launcher's payload: the launcher's settings (resolved in this new process once),
     its callbacks built here, the checkpoint read here."""
-    args = get_config(settings)
+    args = settle(get_config(settings), model)
     setup_logging(args.verbose)
     ckpt = load_checkpoint(resume_path) if resume_path else None
     return RunPlan(args, model, ckpt, Path(resume_path) if resume_path else None, None, 1, build_trainer_callbacks(args, user))
+
+
+def settle(args: Config, start: Any) -> Config:
+    """The plan's last word on the settings: the model a run starts from and the data YAML's absolute path recorded
+    (args.yaml and checkpoints; a resume from any folder finds the same files), then sealed: from here on they are read,
+    never written (callbacks steer through the trainer's controls)."""
+    if args.model is None and isinstance(start, (str, Path)):
+        args.model = str(start)
+    record_data_path(args)
+    return args.seal()
 
 
 def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None) -> tuple[Config, Any]:

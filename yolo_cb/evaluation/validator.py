@@ -95,20 +95,19 @@ class Validator:
         self.callbacks.add_callback(event, fn, on_error=on_error)
 
     # --- setup ------------------------------------------------------------------------------
-    def _setup_trainer(self, trainer):
-        """The EMA (else the training) model, unwrapped from DDP, put in eval; the trainer's loader, data and run dir."""
-        model = trainer.ema.ema if getattr(trainer, "ema", None) else trainer.model
+    def _setup_training(self, model, live: bool, loader, data: dict, save_dir) -> torch.nn.Module:
+        """`model` (the EMA's, else the live training model), unwrapped from DDP, put in eval; the training's loader, data
+        and run dir."""
         model = model.module if hasattr(model, "module") else model
-        self.trainer = trainer
         self.training = True
         # The live training model is validated under no_grad, not inference_mode: tensors a module caches during an
         # inference-mode forward (e.g. anchor grids) could not be saved for backward in the next training step.
-        self._grad_ctx = torch.inference_mode if getattr(trainer, "ema", None) else torch.no_grad
-        self.device = next(model.parameters()).device  # the trainer's device: the model lives there
-        self.dataloader = getattr(trainer, "test_loader", None) or self.dataloader
-        self.data = trainer.data
-        self.names = {int(k): str(v) for k, v in trainer.data["names"].items()}
-        self.save_dir = Path(trainer.save_dir) if getattr(trainer, "save_dir", None) else self.save_dir
+        self._grad_ctx = torch.no_grad if live else torch.inference_mode
+        self.device = next(model.parameters()).device  # the training's device: the model lives there
+        self.dataloader = loader or self.dataloader
+        self.data = data
+        self.names = {int(k): str(v) for k, v in data["names"].items()}
+        self.save_dir = Path(save_dir) if save_dir else self.save_dir
         self._modes = train_flags(model)
         model.eval()
         return model
@@ -186,8 +185,12 @@ class Validator:
         self._modes: dict = {}  # submodule -> training flag, restored afterwards
         own_loader = trainer is None and self.dataloader is None and dataloader is None  # built here: its workers end with this call
         try:
-            model = self._setup_trainer(trainer) if trainer is not None else self._setup_standalone(model)
-            self.dataloader = dataloader if dataloader is not None else self.dataloader
+            if trainer is not None:  # during training: validator callbacks reach its state through validator.trainer
+                self.trainer, ema = trainer, getattr(trainer, "ema", None)
+                model = self._setup_training(ema.ema if ema else trainer.model, ema is None, dataloader or getattr(trainer, "test_loader", None),
+                                             trainer.data, getattr(trainer, "save_dir", None))
+            else:
+                model = self._setup_standalone(model)
             self.model = model
             n_batches, loss_sums, times = self._run(model)
         finally:

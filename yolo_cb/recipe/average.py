@@ -13,9 +13,10 @@ trainer.metrics stay best.pt's either way. The loop calls it before on_train_end
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

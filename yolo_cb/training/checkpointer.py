@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from yolo_cb.checkpoints.checkpoint import (
     Checkpoint,
@@ -21,24 +21,10 @@ from yolo_cb.checkpoints.checkpoint import (
 from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.training import resume, resume_state
+from yolo_cb.training.run_state import RunContents
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.version import __version__
-
-
-class RunParts(NamedTuple):
-    """What a checkpoint is made of: the run state, its parts (model, EMA, optimizer, criterion, data: build.Parts), the
-    step (scaler, last optimizer step), the settings, the run folder, the number of ranks, and the callbacks' and the
-    recipe's states."""
-
-    state: Any
-    parts: Any
-    step: Any
-    args: Any
-    save_dir: Path | None
-    world_size: int
-    callback_states: dict
-    recipe_states: dict
 
 
 class Checkpointer:
@@ -58,7 +44,7 @@ class Checkpointer:
         if world_size > 1:
             self.rank_rng = distributed.gather_object(rng_states())
 
-    def checkpoint(self, run: RunParts, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
+    def checkpoint(self, run: RunContents, epoch: int | None = None, batches_done: int | None = None) -> Checkpoint:
         """The run's state as a Checkpoint: `epoch` is the last completed one (default: the progress's), mid-epoch
         `batches_done` the batches of the next one already trained."""
         state, parts, step, ema = run.state, run.parts, run.step, run.parts.ema
@@ -85,8 +71,8 @@ class Checkpointer:
             train_args=run.args.as_dict(),
             model_cfg=dict(parts.model_cfg),
             names={int(k): str(v) for k, v in parts.data["names"].items()},
-            callbacks=run.callback_states,
-            recipe=run.recipe_states,
+            callbacks=run.callbacks.state_dict(),
+            recipe=run.recipe.state_dict(),
             rng=rng_states(),
             rank_rng=self.rank_rng if run.world_size > 1 else None,
             epoch_batches=batches_done,

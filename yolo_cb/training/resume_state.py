@@ -18,7 +18,7 @@ from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
 from yolo_cb.training.resume import check_same_dataset
-from yolo_cb.training.run_state import RunState
+from yolo_cb.training.run_state import RunContents, RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 
@@ -80,21 +80,7 @@ def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
                        f"it is written again when fitness improves")
 
 
-class Restored(NamedTuple):
-    """What a resume restores into: the run state, its parts (model, optimizer, EMA, criterion, data, batches: build.Parts),
-    the step (scaler, last optimizer step), the settings, the recipe's parts, the callbacks, this rank and the ranks."""
-
-    state: RunState
-    parts: Any
-    step: Any
-    args: Any
-    recipe: Any
-    callbacks: Any
-    rank: int
-    world_size: int
-
-
-def load_state(ckpt: Checkpoint, run: Restored) -> None:
+def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     """Restore a built run from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, the recipe's and callbacks'
     states, RNG; refuses (ResumeError) a dataset other than the checkpoint's."""
     load_weights_strictly(unwrap(run.parts.model), ckpt.model, f"checkpoint '{run.args.resume}'")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -159,3 +159,19 @@ class Clock:
             self.epoch_start = time.perf_counter()
         elif event == "on_fit_epoch_end" and self.epoch_time_start is not None:
             self.epoch_time = time.time() - self.epoch_time_start
+
+
+class RunContents(NamedTuple):
+    """What a checkpoint is made of, and what a resume restores into: the run state, its parts (model, EMA, optimizer,
+    criterion, data, batches: build.Parts), the step (scaler, last optimizer step), the settings, the recipe's parts
+    (recipe_parts.py), the callbacks, the run folder, this rank and the number of ranks. The trainer hands its own over."""
+
+    state: RunState
+    parts: Any
+    step: Any
+    args: Any
+    recipe: Any
+    callbacks: Any
+    save_dir: Any
+    rank: int
+    world_size: int

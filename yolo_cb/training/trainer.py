@@ -31,11 +31,11 @@ from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optim
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
-from yolo_cb.training.checkpointer import Checkpointer, RunParts
+from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
-from yolo_cb.training.place import Place, make_save_dir, record_data_path
+from yolo_cb.training.place import Place, make_save_dir
 from yolo_cb.training.recipe_parts import RecipeParts
-from yolo_cb.training.run_state import Clock, Progress, RunState
+from yolo_cb.training.run_state import Clock, Progress, RunContents, RunState
 from yolo_cb.training.saver import EpochOutcome
 from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
 from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding  # noqa: F401  (public names)
@@ -57,10 +57,7 @@ class Trainer(TrainerSurface):
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None, resume: Checkpoint | None = None):
         self.args = args
         self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
-        if args.model is None and isinstance(model, (str, Path)):
-            args.model = str(model)  # args.yaml and checkpoints record the model really used, never null
-        record_data_path(args)
-        args.seal()  # the plan's last word: from here on, settings are read, never written (callbacks use the controls)
+        args.seal()  # the plan (yolo_cb/plan.py) sealed them; settings given directly are sealed here: read, never written
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.state = RunState(progress=Progress(epochs=args.epochs))  # epoch, losses, metrics, best, stop: run_state.py
         self.parts = build.Parts()  # model, ema, optimizer, criterion, loaders, validator, data
@@ -81,9 +78,12 @@ class Trainer(TrainerSurface):
         `epoch` is the last completed epoch; mid-epoch (a save_steps or signal save) `epoch_batches` says how many batches
         of the next one are trained, with what resuming there needs: that epoch's mean losses, accumulated gradients, and
         every rank's RNG states under DDP (gathered on rank 0 just before)."""
-        run = RunParts(self.state, self.parts, self.step, self.args, self.save_dir, self.world_size, self.callbacks.state_dict(),
-                       self.recipe.state_dict())
-        return self.checkpointer.checkpoint(run, epoch, batches_done).to_dict()
+        return self.checkpointer.checkpoint(self._contents(), epoch, batches_done).to_dict()
+
+    def _contents(self) -> RunContents:
+        """This run's state, parts, settings, recipe and callbacks: what a checkpoint holds and a resume restores."""
+        return RunContents(self.state, self.parts, self.step, self.args, self.recipe, self.callbacks, self.save_dir, self.rank,
+                           self.world_size)
 
     def _checkpoint_bytes(self, epoch: int | None = None) -> bytes:
         return serialize_checkpoint(self.checkpoint_dict(epoch=epoch))
@@ -192,8 +192,7 @@ class Trainer(TrainerSurface):
         self.parts.ema = ModelEMA(self.model) if self.is_main else None
         self.step.bind(StepBinding(args, self.parts, self.state, self.clock, self.run_callbacks, self.device, self.flag_device))
         if self.resume_ckpt is not None:
-            resume_state.load_state(self.resume_ckpt, resume_state.Restored(
-                self.state, self.parts, self.step, args, self.recipe, self.callbacks, self.rank, self.world_size))
+            resume_state.load_state(self.resume_ckpt, self._contents())
         self._wrap_forward()
         self.parts.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
