@@ -1,7 +1,8 @@
-"""Checkpoints written by older yolo-cb (commits a1e3525 and 4f22c48, tests/fixtures/README.md) still load and resume."""
+"""Checkpoints written by older yolo-cb (commits a1e3525, 4f22c48 and 7f3d9f3, tests/fixtures/README.md) still load and resume."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,37 @@ def test_a_fingerprint_is_compared_in_the_form_its_checkpoint_recorded(tmp_path,
     check_same_dataset(Checkpoint(data_fingerprint={**recorded, "val_images": 5}), listed, "old.pt")
     with pytest.raises(ResumeError, match="the dataset changed"):
         check_same_dataset(Checkpoint(data_fingerprint=recorded), listed, "old.pt")
+
+
+# --- a run of 7f3d9f3, when the LR schedule, results.csv, the checkpoint files, unfreezing and averaging were callbacks ---
+RECIPE_FIXTURE = FIXTURE.parent / "7f3d9f3_recipe_last.pt"
+
+
+def test_a_run_of_7f3d9f3_resumes_with_its_recipe_callbacks_states_in_todays_recipe_parts(tmp_path, shapes_dir, caplog):
+    """Its lr_schedule, results_csv and checkpoint callbacks' states (under `callbacks`) become the schedule's, the results'
+    and the saver's: results.csv keeps its two rows, epoch 3 has the 4-epoch linear schedule's LR, the declared unfreeze
+    stage (epoch 2: all) trains the frozen layers, and averaging runs at the end. No state is warned about as unknown."""
+    data = write_data(tmp_path / "data", shapes_dir)  # the same 8 / 4 shapes images it was trained on
+    ckpt = torch.load(RECIPE_FIXTURE, weights_only=True)
+    assert {"lr_schedule", "results_csv", "checkpoint"} <= set(ckpt["callbacks"]) and "recipe" not in ckpt
+    ckpt["train_args"]["data"] = str(data)
+    old = tmp_path / "old" / "last.pt"
+    old.parent.mkdir()
+    torch.save(ckpt, old)
+    caplog.set_level("INFO", logger="yolo_cb")
+    stages = ckpt["train_args"]["callbacks"]  # a resume takes no callbacks from a file: they are given again
+    YOLO(str(old)).train(resume=True, callbacks=stages, project=str(tmp_path / "runs"), name="resumed")
+    run = tmp_path / "runs" / "resumed"
+    last = load_checkpoint(run / "weights" / "last.pt")
+    assert last.epoch == 3 and last.finished is True
+    with open(run / "results.csv", newline="") as file:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(file)]
+    assert [int(float(r["epoch"])) for r in rows] == [1, 2, 3, 4]
+    assert float(rows[0]["train/box_loss"]) == pytest.approx(4.87227)  # the old run's row
+    assert float(rows[2]["lr/pg0"]) == pytest.approx(0.002 * ((1 - 2 / 4) * (1 - 0.01) + 0.01), rel=1e-6)  # lr0, lrf 0.01, epoch 2 of 4
+    frozen = [k for k in ckpt["model"] if k.startswith(("model.0.", "model.1.")) and k.endswith(".weight")]
+    assert frozen and all(not torch.equal(ckpt["model"][k], last.model[k]) for k in frozen)  # unfrozen at epoch 2: trained
+    assert "callback 'lr_schedule'" not in caplog.text and "callback 'checkpoint'" not in caplog.text
+    assert "callback 'results_csv'" not in caplog.text
+    assert any(line.startswith("average_best:") for line in caplog.messages)
+    assert len(last.recipe["saver"]["topk"]) == 2 and len(last.recipe["results"]["rows"]) == 4
