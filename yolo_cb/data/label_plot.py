@@ -2,7 +2,8 @@
 
 Four panels on a small Agg canvas (no pyplot, no display): boxes per class (a bar each), the boxes themselves drawn
 centred (up to ``MAX_DRAWN``), box centres (x, y) and box sizes (width, height) as 2-D histograms, all in image
-fractions. It costs a few hundred milliseconds, whatever the dataset's size.
+fractions. It costs a few hundred milliseconds, whatever the dataset's size: the boxes are one collection (not an artist
+each) and the margins are fixed (no tight layout, which measures every label).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from yolo_cb.utils.plotting import plot_text
 
 MAX_DRAWN = 500  # boxes drawn in the rectangles panel
 BINS = 50  # per axis of the 2-D histograms
+MARGINS = dict(left=0.1, right=0.97, bottom=0.08, top=0.97, wspace=0.3, hspace=0.45)  # figure fractions; room for rotated class names
 
 
 def label_arrays(labels: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -32,9 +34,9 @@ def plot_labels(labels: list[dict], names: dict[int, str], path: Path) -> Path:
     from matplotlib.figure import Figure
 
     cls, boxes = label_arrays(labels)
-    fig = Figure(figsize=(6, 6), tight_layout=True)
+    fig = Figure(figsize=(6, 6))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2).ravel()
+    axes = fig.subplots(2, 2, gridspec_kw=MARGINS).ravel()
     counts = np.bincount(cls, minlength=len(names)) if len(cls) else np.zeros(len(names), int)
     axes[0].bar(range(len(counts)), counts, color="#3b75af")
     axes[0].set_ylabel("instances")
@@ -54,11 +56,13 @@ def plot_labels(labels: list[dict], names: dict[int, str], path: Path) -> Path:
 def _rectangles(ax, boxes: np.ndarray, cls: np.ndarray) -> None:
     """The boxes drawn centred on (0.5, 0.5), coloured by class: their shapes and sizes at a glance."""
     from matplotlib import colormaps
+    from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
     colours = colormaps["tab20"]
-    for (_, _, w, h), c in zip(boxes, cls, strict=True):
-        ax.add_patch(Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, fill=False, lw=0.5, alpha=0.4, edgecolor=colours(int(c) % 20)))
+    rectangles = [Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h) for _, _, w, h in boxes]
+    edges = [colours(int(c) % 20) for c in cls]
+    ax.add_collection(PatchCollection(rectangles, facecolors="none", edgecolors=edges, linewidths=0.5, alpha=0.4))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
