@@ -15,7 +15,7 @@ $(BIN)/yolo-cb: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile $(TORCH)  # no byte-compiling torch's ~3,000 modules: a process compiles the few it imports
-	$(BIN)/pip install -q --no-compile -e '.[dev]'  # nor the ~21,000 of the rest (Ray, MLflow, the trackers, the export runtimes): ~25 s
+	$(BIN)/pip install -q -e '.[dev]'  # byte-compiled here: PYTHONDONTWRITEBYTECODE=1 on these machines, so no process caches it later
 	touch $(BIN)/yolo-cb
 
 venv: $(BIN)/yolo-cb
