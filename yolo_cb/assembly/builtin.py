@@ -14,6 +14,7 @@ from typing import Any
 from yolo_cb.callbacks.lr_settings import resolve
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.recipe.unfreeze import parse_stages
+from yolo_cb.training.step import batch_shape
 from yolo_cb.utils.log import LOGGER
 
 
@@ -49,7 +50,7 @@ class Progress:
 
     def line(self, trainer) -> str:
         losses = "".join(f"{v:>11.4g}" for v in trainer.tloss)
-        boxes, size = (trainer.batch["targets"].shape[0], trainer.batch["img"].shape[-1]) if trainer.batch else (0, 0)
+        boxes, size = batch_shape(trainer.batch, trainer.args.imgsz)
         return f"{f'{trainer.epoch + 1}/{trainer.epochs}':>11}{losses}{boxes:>11}{size:>11}"
 
     def on_train_batch_end(self, trainer):

@@ -74,14 +74,18 @@ class StepBinding(NamedTuple):
     flag_device: Any
 
 
+def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
+    """(boxes, image side in pixels) of a loader batch: the progress line's Instances and Size; (0, imgsz) before the first."""
+    return (int(batch["targets"].shape[0]), int(batch["img"].shape[-1])) if batch else (0, imgsz)
+
+
 class BatchStep:
     """Forward, backward and the optimizer step of one batch, with what they carry from batch to batch."""
 
     def __init__(self, imgsz: int):
         self.batch = None  # the current batch (the loader's dict)
         self.loss = None  # its total loss (a tensor with its graph, until backward)
-        self.batch_instances = 0  # boxes in the current batch
-        self.batch_size_px = imgsz  # its image size
+        self.imgsz = imgsz  # the image size before the first batch
         self.scaler = torch.amp.GradScaler("cuda", enabled=False)
         self.amp_dtype, self.use_amp = torch.float16, False
         self.global_batch = 0  # images per optimizer step over all ranks, before accumulation
@@ -93,6 +97,13 @@ class BatchStep:
         self.nonfinite_in_a_row = 0
         self.run_with: StepBinding | None = None  # set once the run's parts exist (bind)
 
+    @property
+    def batch_instances(self) -> int:
+        return batch_shape(self.batch, self.imgsz)[0]
+
+    @property
+    def batch_size_px(self) -> int:
+        return batch_shape(self.batch, self.imgsz)[1]
     def bind(self, binding: StepBinding) -> None:
         self.run_with = binding
 
@@ -126,7 +137,6 @@ class BatchStep:
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         targets = self.batch["targets"].to(device, non_blocking=True)
-        self.batch_instances, self.batch_size_px = int(targets.shape[0]), int(images.shape[-1])
         with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.use_amp):
             loss_dict = self.forward(bound.parts)(images, targets)
         read = self.loss = loss_dict["total"]
