@@ -41,7 +41,7 @@ def read_only_view(src: Path, dest: Path) -> Path:
 def settings(imgsz: int, cache):
     import yaml
 
-    from yolo_cb.paths import DEFAULT_CFG
+    from yolo_cb.utils.paths import DEFAULT_CFG
 
     cfg = yaml.safe_load(DEFAULT_CFG.read_text())
     cfg.update(imgsz=imgsz, cache=cache, mosaic=1.0, batch=16)

@@ -113,7 +113,7 @@ def nccl_probe(rank: int, port: int) -> int:
 
 def probe_nccl(timeout: float) -> dict:
     """Whether NCCL runs 2 ranks on one GPU (it refuses duplicate GPUs in most versions): {"allowed", "detail"}."""
-    from yolo_cb.launch import free_port
+    from yolo_cb.training.launch import free_port
 
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "nccl-probe", str(r), str(port)], stdout=subprocess.PIPE,
@@ -147,7 +147,7 @@ def stop_on_rank1(folder: str, stop_batch: int):
 def ddp_part(spec: dict, result: Result) -> None:
     """model.train(nproc=2) on one device with the closure callback; what each rank recorded, and the run's own records."""
     from yolo_cb import YOLO
-    from yolo_cb.paths import DEFAULT_MODEL
+    from yolo_cb.utils.paths import DEFAULT_MODEL
 
     probe = probe_nccl(60) if spec["cuda"] else {"allowed": False, "detail": "no CUDA: gloo on the CPU"}
     result.checks["nccl_two_ranks_one_gpu"] = probe

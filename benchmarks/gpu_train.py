@@ -109,7 +109,7 @@ def out_of_time(spec: dict, result, config: str, error_row) -> bool:
 def train_rows(spec: dict, result, error_row) -> None:
     """One training of the default model per lever setting (spec["train_configs"]), in this process, one after another."""
     from yolo_cb import YOLO
-    from yolo_cb.paths import DEFAULT_MODEL
+    from yolo_cb.utils.paths import DEFAULT_MODEL
 
     for i, config in enumerate(spec["train_configs"]):
         name = lever_name(config)

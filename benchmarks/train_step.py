@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from yolo_cb.config import get_config
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.nn import build_model
+from yolo_cb.settings.config import get_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))

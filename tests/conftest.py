@@ -25,7 +25,7 @@ def pytest_configure(config):
     # .cometml-runs/ into the working directory whenever a later test logs to MLflow (yolo_cb's Comet integration does
     # the same for users, see integrations/comet.py: import_comet)
     os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
-    # The user's own settings file (`yolo-cb settings`, yolo_cb/user_settings.py) never reaches the suite: its folder is
+    # The user's own settings file (`yolo-cb settings`, yolo_cb/settings/user.py) never reaches the suite: its folder is
     # one that does not exist (tests of the file point YOLO_CB_CONFIG_DIR at their tmp_path).
     import tempfile
 

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from yolo_cb.launch import free_port
+from yolo_cb.training.launch import free_port
 
 USER = "postgres"
 

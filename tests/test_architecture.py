@@ -15,23 +15,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # Every module's layer, bottom first: a module imports only from its own layer and the layers below it. A module is
 # placed by the longest name here that is it or a package holding it; the package root `yolo_cb` names itself only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors", "yolo_cb.paths"),  # small and boring, no other yolo_cb
+    ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors"),  # small and boring, no other yolo_cb
     ("yolo_cb.callbacks.events", "yolo_cb.callbacks.order", "yolo_cb.callbacks.event_list", "yolo_cb.callbacks.signature"),  # event names; order; list view; what a callback must accept
     ("yolo_cb.callbacks.dispatch",),  # the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
     ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
-    ("yolo_cb.callbacks.lr_settings", "yolo_cb.settings_schema", "yolo_cb.settings_types", "yolo_cb.user_settings", "yolo_cb.ultralytics_keys", "yolo_cb.config"),  # the settings: parsed, typed, checked; Ultralytics' keys we do not have
+    ("yolo_cb.settings",),  # the settings: parsed, typed, checked, resolved once; Ultralytics' keys we do not have
     ("yolo_cb.checkpoints",),  # our checkpoint format (typed, atomic, weights_only) and the official weights
-    ("yolo_cb.recipe",),  # the training recipe's parts: optimizer groups, EMA, freezing, the monitored metric, stop causes
+    ("yolo_cb.recipe",),  # the training recipe's parts: optimizer groups, EMA, freezing, the schedule, the saver, stop causes
     ("yolo_cb.prediction",),  # model files of every format as backends, sources, the predictor and its Results
     ("yolo_cb.evaluation",),  # the validator, its metrics, COCO JSON, per-class tables, several validation sets
     ("yolo_cb.export",),  # the exporter, each format's conversion, NMS in the graph, the check after, the benchmark
-    ("yolo_cb.training",),  # the trainer: planning a run, building its parts, the step, resume, signals, saving
-    ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks
-    # themselves; every registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
-    ("yolo_cb.plan",),  # one plan per run: settings, checkpoint, world size, callbacks
-    ("yolo_cb.launch",),  # launches trainers with their callbacks, one per process
+    ("yolo_cb.callbacks.record", "yolo_cb.integrations", "yolo_cb.assembly"),  # the callbacks themselves; every
+    # registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
+    ("yolo_cb.training",),  # a run: its plan, its parts built, the step, resume, signals, DDP workers launched
     ("yolo_cb.tune", "yolo_cb.tune.ray_backend"),  # studies of trainings: Optuna's, or Ray Tune's (backend=ray)
     ("yolo_cb.model_habits", "yolo_cb.model"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
     ("yolo_cb.cli_info", "yolo_cb.cli"),  # `yolo-cb checks` / `copy-cfg`; the command line
@@ -41,9 +39,10 @@ ROOT = "yolo_cb"
 # Inside each package, its modules bottom first: a module imports only modules of its package listed before it (a
 # subpackage counts as one member of its parent). The package's __init__ sits above its members.
 INSIDE: dict[str, tuple[str, ...]] = {
-    "yolo_cb.utils": ("device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
+    "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "results_plot", "run_lock"),
-    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "lr_settings", "record",
+    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config"),
+    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "head", "loss", "model"),
@@ -52,13 +51,13 @@ INSIDE: dict[str, tuple[str, ...]] = {
                      "convert", "check", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
-    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop"),
+    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "parts"),
     "yolo_cb.prediction": ("torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
                            "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
     "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "benchmark"),
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
-                         "resume_state", "checkpointer", "place", "saver", "recipe_parts", "trainer"),
+                         "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
                              "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
     "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
@@ -201,7 +200,7 @@ def test_the_checker_sees_a_planted_cycle_and_an_upward_arrow():
     assert package_graph({"yolo_cb.callbacks.x": {"yolo_cb.training.y", "yolo_cb.callbacks.z"}, "yolo_cb.training.y": {"yolo_cb.callbacks.z"}}) == {
         "yolo_cb.callbacks": {"yolo_cb.training"}, "yolo_cb.training": {"yolo_cb.callbacks"}}
     assert layer_of("yolo_cb.utils.draw") == 0 and layer_of("yolo_cb.callbacks.registry") == 3
-    assert layer_of("yolo_cb.launch") > layer_of("yolo_cb.assembly.builtin") > layer_of("yolo_cb.checkpoints.checkpoint")
+    assert layer_of("yolo_cb.training.launch") > layer_of("yolo_cb.assembly.builtin") > layer_of("yolo_cb.checkpoints.checkpoint")
     assert layer_of("yolo_cb") == len(LAYERS) - 1 and layer_of("yolo_cb.nowhere") is None
     assert upward_imports({"yolo_cb.utils.files": {"yolo_cb.model"}, "yolo_cb.model": {"yolo_cb.utils.files"}}) == [
         "yolo_cb.utils.files -> yolo_cb.model"]
@@ -234,8 +233,8 @@ def test_every_setting_our_code_reads_exists():
     """A misspelt setting in our own code (`args.epoch` for `args.epochs`) fails here, not in a user's run."""
     import yaml
 
-    from yolo_cb.config import Config
-    from yolo_cb.paths import DEFAULT_CFG
+    from yolo_cb.settings.config import Config
+    from yolo_cb.utils.paths import DEFAULT_CFG
 
     keys = set(yaml.safe_load(DEFAULT_CFG.read_text()))
     methods = {name for name in dir(Config) if not name.startswith("__")}

@@ -12,8 +12,8 @@ from conftest import TINY
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.config import ConfigError, get_config
 from yolo_cb.recipe.average import average_checkpoints
+from yolo_cb.settings.config import ConfigError, get_config
 
 pytestmark = pytest.mark.slow
 

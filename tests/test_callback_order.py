@@ -12,8 +12,8 @@ import pytest
 
 from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
+from yolo_cb.settings.config import get_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = {"mlflow": False, "onnx_check": False, "wandb": False}

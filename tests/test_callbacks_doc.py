@@ -76,7 +76,7 @@ def test_order_examples_place_the_callbacks_as_documented():
     import torch
 
     from yolo_cb.assembly.assemble import build_trainer_callbacks
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
 
     model = YOLO("yolox-nano.yaml")
     (code,) = section_examples("Order")

@@ -7,7 +7,7 @@ import pytest
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks, parse_specs
 from yolo_cb.callbacks import EVENTS, CallbackError, Callbacks, rank_zero_only
 from yolo_cb.callbacks.registry import REGISTRY, register_callback
-from yolo_cb.config import get_config
+from yolo_cb.settings.config import get_config
 
 
 def test_unknown_event_suggests_the_closest():

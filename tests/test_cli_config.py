@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from yolo_cb.config import ConfigError, describe_settings, get_config, load_defaults
+from yolo_cb.settings.config import ConfigError, describe_settings, get_config, load_defaults
 from yolo_cb.utils.files import increment_path
 
 ROOT = Path(__file__).resolve().parents[1]

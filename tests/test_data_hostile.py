@@ -24,7 +24,7 @@ from shared_data import SHARED
 
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.npy_cache import npy_valid
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -78,7 +78,7 @@ def test_torn_npy_caches_are_rebuilt(tmp_path):
 KILLED_WRITER = """
 import sys, types, yaml
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 YOLODataset(sys.argv[1], 160, ["a"], False, types.SimpleNamespace(**yaml.safe_load(DEFAULT_CFG.read_text())), cache="disk")
 """
 
@@ -123,7 +123,7 @@ from pathlib import Path
 import numpy as np
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.npy_cache import npy_valid
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 mount, source = Path(sys.argv[1]), Path(sys.argv[2])
 hyp = types.SimpleNamespace(**yaml.safe_load(DEFAULT_CFG.read_text()))
 shutil.copytree(source, mount / "d")
@@ -228,8 +228,8 @@ def test_yaml_alias_bomb_is_refused_before_it_expands(where, tmp_path, shapes_sm
 
 
 def test_recursive_alias_and_deep_nesting_are_one_line(tmp_path):
-    from yolo_cb.config import get_config
     from yolo_cb.errors import ConfigError
+    from yolo_cb.settings.config import get_config
 
     for text, needle in (("classes: &a [*a]\n", "contains it"), ("classes: " + "[" * 5000 + "\n", "nested too deeply")):
         (tmp_path / "c.yaml").write_text(text)
@@ -246,8 +246,8 @@ def test_a_few_aliases_still_load(tmp_path):
 
 
 def test_invalid_value_messages_do_not_repr_the_whole_value():
-    from yolo_cb.config import get_config
     from yolo_cb.errors import ConfigError
+    from yolo_cb.settings.config import get_config
 
     with pytest.raises(ConfigError) as caught:
         get_config({"lr0": "x" * 100_000})
@@ -259,8 +259,8 @@ def test_invalid_value_messages_do_not_repr_the_whole_value():
 
 # --- 3. numbers Python accepts -----------------------------------------------------------------------
 def test_floats_without_a_dot_are_numbers(tmp_path):
-    from yolo_cb.config import get_config
     from yolo_cb.errors import ConfigError
+    from yolo_cb.settings.config import get_config
 
     (tmp_path / "s.yaml").write_text("lr0: 1e-3\nwarmup_bias_lr: 5E-2\n")  # YAML 1.1 reads these two as text
     cfg = get_config({"cfg": str(tmp_path / "s.yaml"), "time": "1e-4", "conf": "1E-3", "epochs": "1e1", "iou": " 7e-1 "})
@@ -396,10 +396,10 @@ def test_symlink_loop_in_path_or_datasets_dir_is_one_line(tmp_path, shapes_small
 
 
 def test_split_without_its_key_names_the_yaml_and_its_keys(tmp_path, shapes_small_yaml):
-    from yolo_cb.config import get_config
     from yolo_cb.errors import DataError
     from yolo_cb.evaluation.validator import Validator
     from yolo_cb.nn import build_model
+    from yolo_cb.settings.config import get_config
 
     args = get_config({"data": str(shapes_small_yaml), "imgsz": 64, "batch": 2, "workers": 0, "split": "test", "plots": False,
                        "project": str(tmp_path / "runs"), "name": "val"})

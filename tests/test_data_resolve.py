@@ -18,7 +18,7 @@ from shared_data import SHARED
 from yolo_cb.data.download import safe_extract
 from yolo_cb.data.resolve import DatasetConfigError, check_data
 from yolo_cb.data.synthetic import generate_shapes
-from yolo_cb.paths import DATASETS_CFG_DIR
+from yolo_cb.utils.paths import DATASETS_CFG_DIR
 
 
 def write_yaml(path: Path, cfg: dict) -> Path:

@@ -29,8 +29,8 @@ from yolo_cb.data.download import safe_extract
 from yolo_cb.data.loader import build_dataloader
 from yolo_cb.data.resolve import check_data
 from yolo_cb.errors import UserError
-from yolo_cb.paths import DEFAULT_CFG
 from yolo_cb.utils.files import atomic_write_bytes, atomic_write_text
+from yolo_cb.utils.paths import DEFAULT_CFG
 
 TESTS = Path(__file__).resolve().parent
 

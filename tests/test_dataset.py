@@ -16,7 +16,7 @@ from shared_data import SHARED
 from yolo_cb.data import verify
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 
 SHARED_SHAPES = SHARED / "datasets" / "shapes"
 NAMES = ["circle", "rectangle", "triangle", "cross"]

@@ -88,7 +88,7 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
 
 def test_torchrun_module_entry(tiny, tmp_path):
     args = [f"{k}={v}" for k, v in {**tiny, "epochs": 1, "device": "cpu", "sync_bn": True}.items()]
-    from yolo_cb.launch import free_port
+    from yolo_cb.training.launch import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "yolo_cb", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

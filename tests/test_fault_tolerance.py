@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.launch import free_port
+from yolo_cb.training.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -40,7 +40,7 @@ def test_info_modes_as_first_commands(args, says, tmp_path):
 
 def test_copy_cfg_writes_default_copy_once(tmp_path):
     """Ultralytics' `yolo copy-cfg`: default.yaml copied into the working directory; a second copy is refused (exit 2)."""
-    from yolo_cb.paths import DEFAULT_CFG
+    from yolo_cb.utils.paths import DEFAULT_CFG
 
     proc = fresh("copy-cfg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from yolo_cb import YOLO
-from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
-from yolo_cb.launch import gpu_list
 from yolo_cb.nn import build_model
 from yolo_cb.recipe.ema import ModelEMA
+from yolo_cb.settings.config import get_config
 from yolo_cb.training import build
+from yolo_cb.training.launch import gpu_list
 from yolo_cb.training.place import ddp_backend, rank_gpu
 
 TARGETS = torch.tensor([[0, 1, 32.0, 32.0, 20.0, 16.0], [1, 2, 20.0, 40.0, 12.0, 12.0]])

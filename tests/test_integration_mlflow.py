@@ -20,7 +20,7 @@ import pytest
 
 from yolo_cb import YOLO
 from yolo_cb.integrations.mlflow import MLflowUnavailable, check_writable, create_local_db, public_uri, safe_key
-from yolo_cb.launch import free_port
+from yolo_cb.training.launch import free_port
 
 EPOCH_KEYS = ("train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss", "lr/pg0", "lr/pg1", "lr/pg2",
               "metrics/precisionB", "metrics/recallB", "metrics/mAP50B", "metrics/mAP50-95B", "fitness", "val/iou_loss", "val/l1_loss")

@@ -152,7 +152,7 @@ def test_strict_fails_training_on_a_non_exportable_model(tiny, monkeypatch):
 def test_strict_setting_registers_the_check_to_raise():
     """onnx_check=strict must make a failed check fail training: it is registered with on_error='raise'."""
     from yolo_cb.assembly.assemble import build_trainer_callbacks
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
 
     callbacks = build_trainer_callbacks(get_config({"onnx_check": "strict", "mlflow": False, "tensorboard": False}))
     assert {e.on_error for e in callbacks.entries() if e.name == "onnx_check"} == {"raise"}

@@ -180,8 +180,8 @@ def _first_rows(path: Path, n: int, tmp_path: Path) -> Path:
 
 
 def test_raytune_true_without_ray_gives_the_install_hint_and_the_run_finishes(tiny, monkeypatch, caplog):
-    from yolo_cb.config import get_config
     from yolo_cb.integrations.raytune import switched_on
+    from yolo_cb.settings.config import get_config
 
     monkeypatch.setitem(sys.modules, "ray", None)  # the standard way to make the import fail
     assert not switched_on(get_config({}))  # raytune=auto without Ray: off, and says nothing

@@ -18,7 +18,7 @@ import yaml
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.config import ConfigError
+from yolo_cb.settings.config import ConfigError
 
 comet_ml = pytest.importorskip("comet_ml")
 clearml = pytest.importorskip("clearml")

@@ -108,7 +108,7 @@ def test_offline_run_holds_config_losses_metrics_images_and_best_model(tiny, tmp
 def test_asked_for_without_the_package_is_one_line_before_any_work(tiny, monkeypatch):
     """wandb=True is asked for explicitly (it is off by default): without the package the run does not start, and the one
     line says how to install it (an integration on by default only warns: test_integration_mlflow / tensorboard)."""
-    from yolo_cb.config import ConfigError
+    from yolo_cb.settings.config import ConfigError
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # the standard way to make `import wandb` fail
     with pytest.raises(ConfigError, match=r"^wandb=True needs wandb, which is not installed: pip install 'yolo-cb\[wandb\]'"):

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from yolo_cb import YOLO
-from yolo_cb.config import ConfigError, get_config
 from yolo_cb.recipe.optim import build_optimizer
 from yolo_cb.recipe.schedule import LRSchedule
+from yolo_cb.settings.config import ConfigError, get_config
 
 
 # --- the former trainer's formulas, written out here (not taken from the new code) --------------------------------------

@@ -328,7 +328,7 @@ def test_finetune_from_megvii_nano_to_shapes(files, tiny, caplog):
 
 
 def test_pretrained_megvii_file_initialises_a_yaml_model(files, tmp_path):
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
     from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"model": "yolox-nano.yaml", "pretrained": str(files["nano"]), "project": str(tmp_path)}))

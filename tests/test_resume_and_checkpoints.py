@@ -15,7 +15,7 @@ import torch
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import UnsafeCheckpointError, load_checkpoint
-from yolo_cb.config import ConfigError
+from yolo_cb.settings.config import ConfigError
 
 pytestmark = pytest.mark.slow
 EXACT = dict(deterministic=True, workers=0, mosaic=1.0, fliplr=0.5, warmup_epochs=1.0)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_resume_safety import SMALL, cli, kv, write_data
 
-from yolo_cb.paths import find_model_cfg
+from yolo_cb.utils.paths import find_model_cfg
 
 pytestmark = pytest.mark.slow
 

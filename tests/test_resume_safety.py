@@ -17,7 +17,7 @@ import yaml
 from yolo_cb import YOLO
 from yolo_cb.callbacks.dispatch import CallbackError
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.paths import DEFAULT_MODEL
+from yolo_cb.utils.paths import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

@@ -20,8 +20,8 @@ import pytest
 import torch
 from test_resume_safety import SMALL, cli, kv, write_data
 
-from yolo_cb.config import ConfigError, coerce
-from yolo_cb.settings_schema import MAX_IMGSZ, usable_cpus
+from yolo_cb.settings.config import ConfigError, coerce
+from yolo_cb.settings.schema import MAX_IMGSZ, usable_cpus
 from yolo_cb.utils import files
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.run_lock import lock_run_folder

@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 from test_data_safety import snapshot
 
-from yolo_cb.config import get_config
 from yolo_cb.data.loader import build_yolo_dataset
 from yolo_cb.data.resolve import check_data
+from yolo_cb.settings.config import get_config
 
 
 def small_dataset(folder: Path, shapes_dir: Path) -> None:

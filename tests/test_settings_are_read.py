@@ -43,7 +43,7 @@ def unread_keys(default_yaml: Path, source: str) -> list[str]:
 
 
 def test_settings_that_act_when_resolved_do():
-    config = (ROOT / "yolo_cb" / "settings_types.py").read_text()  # where each setting is typed (config.py before)
+    config = (ROOT / "yolo_cb" / "settings" / "values.py").read_text()  # where each setting is typed (yolo_cb/config.py, then settings_types.py, before)
     assert all(effect in config for effect in ACT_WHEN_RESOLVED.values())
 
 

@@ -1,4 +1,4 @@
-"""train() resolves its settings (yolo_cb.config.get_config) exactly once per call: a plain run, resume=auto starting a
+"""train() resolves its settings (yolo_cb.settings.config.get_config) exactly once per call: a plain run, resume=auto starting a
 fresh run, and resume=auto continuing an interrupted one."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import yolo_cb.cli
-import yolo_cb.config
 import yolo_cb.model
-import yolo_cb.plan
+import yolo_cb.settings.config
+import yolo_cb.training.plan
 import yolo_cb.training.resume
 from yolo_cb import YOLO
 
@@ -22,13 +22,13 @@ TINY = dict(imgsz=64, batch=8, workers=0, mosaic=0.0, mlflow=False, tensorboard=
 def resolutions(monkeypatch):
     """The number of get_config calls so far, wherever it is imported from."""
     calls = []
-    original = yolo_cb.config.get_config
+    original = yolo_cb.settings.config.get_config
 
     def counted(*args, **kwargs):
         calls.append(args)
         return original(*args, **kwargs)
 
-    for module in (yolo_cb.config, yolo_cb.model, yolo_cb.plan, yolo_cb.training.resume, yolo_cb.cli):
+    for module in (yolo_cb.settings.config, yolo_cb.model, yolo_cb.training.plan, yolo_cb.training.resume, yolo_cb.cli):
         monkeypatch.setattr(module, "get_config", counted)
     return calls
 

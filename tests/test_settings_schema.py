@@ -1,4 +1,4 @@
-"""cfg/default.yaml (the defaults and their meanings) and yolo_cb/settings_schema.py (the rules) describe the same settings."""
+"""cfg/default.yaml (the defaults and their meanings) and yolo_cb/settings/schema.py (the rules) describe the same settings."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from yolo_cb.config import ConfigError, coerce, get_config
-from yolo_cb.settings_schema import KINDS, RULES, load_defaults, schema
+from yolo_cb.settings.config import ConfigError, coerce, get_config
+from yolo_cb.settings.schema import KINDS, RULES, load_defaults, schema
 
 CONFIG = Path(__file__).resolve().parents[1] / "yolo_cb" / "config.py"
 

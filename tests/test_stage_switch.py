@@ -62,7 +62,7 @@ class Recorder:
 
 
 def test_switch_epoch_convention():
-    from yolo_cb.config import ConfigError, get_config
+    from yolo_cb.settings.config import ConfigError, get_config
 
     default = get_config({})
     assert default.close_mosaic == default.no_aug_epochs == 15  # the default: YOLOX's 15 last epochs

@@ -12,9 +12,9 @@ import pytest
 from yolo_cb import YOLO
 from yolo_cb.callbacks import CallbackError, Callbacks
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.config import ConfigError
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.model import DetectionTrainer
+from yolo_cb.settings.config import ConfigError
 from yolo_cb.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -199,7 +199,7 @@ def test_every_habit_example_runs(tiny, capsys):
 def test_supergradients_names_are_built_as_ours_or_refused_naming_ours():
     from yolo_cb.assembly.catalog import check_callback_names
     from yolo_cb.callbacks import multi_process_safe, rank_zero_only
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
 
     def check(callbacks):  # the form is checked by the settings, the registered names (and aliases) by the catalog
         check_callback_names(get_config({"callbacks": callbacks}).callbacks)

@@ -58,7 +58,7 @@ def test_every_name_callbacks_read_is_on_the_trainer(trained):
     assert len(own) <= 15, own
 
 
-OUR_CALLBACK_CODE = ("yolo_cb/callbacks", "yolo_cb/integrations", "yolo_cb/tune", "yolo_cb/launch.py", "yolo_cb/model.py")
+OUR_CALLBACK_CODE = ("yolo_cb/callbacks", "yolo_cb/integrations", "yolo_cb/tune", "yolo_cb/training/launch.py", "yolo_cb/model.py")
 
 
 def names_read_on_trainer(root: Path) -> dict[str, str]:
@@ -76,7 +76,7 @@ def names_read_on_trainer(root: Path) -> dict[str, str]:
 def test_every_trainer_name_our_callbacks_read_is_declared():
     """Each name our own callbacks, integrations and tune read on a trainer is declared: a property of the class, or one
     of the attributes its __init__ sets; and is in CALLBACK_NAMES, the list this file pins."""
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
     from yolo_cb.training.trainer import Trainer
 
     read = names_read_on_trainer(Path(__file__).resolve().parents[1])
@@ -132,7 +132,7 @@ WRITABLE = ("stop", "stop_reason", "restore_best", "patience", "loss", "validate
 
 
 def test_only_the_controls_are_writable_and_the_rest_read_the_run_state():
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
     from yolo_cb.training.run_state import TrainerName
     from yolo_cb.training.trainer import Trainer
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
-from yolo_cb.config import get_config
 from yolo_cb.recipe.stop import StopCause
+from yolo_cb.settings.config import get_config
 
 PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # run-state names only the trainer writes; a callback reaches them through a control
 OWNED_BY_THE_TRAINER = {"stop_cause", "stop_reason", "epochs", "start_epoch", "epoch", "validate_every_epoch"}
-# the functions that fill settings in while a run is planned, all called from yolo_cb/plan.py before it seals them
-PLANNING = {("plan.py", "fresh_train_args"), ("plan.py", "settle"), ("training/place.py", "record_data_path")}
+# the functions that fill settings in while a run is planned, all called from yolo_cb/training/plan.py before it seals them
+PLANNING = {("training/plan.py", "fresh_train_args"), ("training/plan.py", "settle"), ("training/place.py", "record_data_path")}
 
 
 def writes_outside_the_plan(package: Path) -> list[str]:

@@ -151,7 +151,7 @@ def test_stateful_callback_state_survives_resume(tiny, tmp_path):
 
 def test_cli_yaml_and_python_declarations_register_the_same(tiny, tmp_path):
     from yolo_cb.assembly.assemble import build_trainer_callbacks
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
 
     cfg = tmp_path / "cb.yaml"
     cfg.write_text("callbacks:\n  - on_fit_epoch_end: cbpkg:log_epoch\n  - cbpkg:Marker\n")

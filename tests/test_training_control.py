@@ -15,7 +15,7 @@ from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY, register_callback
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.config import ConfigError, get_config
+from yolo_cb.settings.config import ConfigError, get_config
 
 
 def weights(run):

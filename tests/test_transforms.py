@@ -11,7 +11,7 @@ import yaml
 
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.transforms import RandomHSV, letterbox
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 
 MAGENTA = (255, 0, 255)  # the same in RGB and BGR
 BOX_W, BOX_H = 90, 60

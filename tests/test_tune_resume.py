@@ -102,7 +102,7 @@ def test_sigterm_during_a_trial_then_resume_continues_it_from_last_pt(tmp_path, 
 def test_a_tune_folder_never_supplies_code(tmp_path, shapes_small_yaml):
     """tune.yaml is a file in a folder anyone may hand over: its callbacks= are not imported on resume unless given again."""
     from yolo_cb import YOLO
-    from yolo_cb.config import ConfigError
+    from yolo_cb.settings.config import ConfigError
 
     folder = tmp_path / "tunes" / "t"
     folder.mkdir(parents=True)

@@ -150,7 +150,7 @@ def test_run_folders_are_runs_detect_train_and_increment(trained, tmp_path, monk
     work = trained["work"]
     assert (work / "runs" / "detect" / "train" / "weights" / "best.pt").is_file()  # no project=/name=: Ultralytics' layout
     assert trained["model"].trainer.save_dir == Path("runs") / "detect" / "train"
-    from yolo_cb.config import get_config
+    from yolo_cb.settings.config import get_config
     from yolo_cb.utils.files import run_dir
 
     monkeypatch.chdir(tmp_path)

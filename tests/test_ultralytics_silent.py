@@ -15,7 +15,7 @@ import torch
 from conftest import TINY
 
 from yolo_cb import YOLO
-from yolo_cb.config import ConfigError
+from yolo_cb.settings.config import ConfigError
 
 CONF = 1e-4  # low: the one-epoch model's scores are weak (~0.003), and every test needs some boxes
 
@@ -46,7 +46,7 @@ def assert_same_detections(a, b) -> None:
 
 # --- 1. save_txt writes 5 columns unless save_conf=True --------------------------------------------------------------------
 def test_save_txt_has_no_confidence_unless_save_conf(trained, tmp_path):
-    from yolo_cb.config import load_defaults
+    from yolo_cb.settings.config import load_defaults
 
     assert load_defaults()["save_conf"] is False
     model = YOLO(trained["weights"])

@@ -13,7 +13,7 @@ from conftest import TINY
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.config import ConfigError
+from yolo_cb.settings.config import ConfigError
 
 pytestmark = pytest.mark.slow
 FROZEN = ("backbone.backbone.stem.", "backbone.backbone.dark2.")  # freeze=2 on yolox-*

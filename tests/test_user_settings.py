@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from yolo_cb.cli import entrypoint
-from yolo_cb.config import ConfigError, get_config
+from yolo_cb.settings.config import ConfigError, get_config
 
 
 @pytest.fixture

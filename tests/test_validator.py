@@ -15,8 +15,8 @@ import yaml
 from shared_data import SHARED
 from torch import nn
 
-from yolo_cb.config import get_config
 from yolo_cb.evaluation.validator import Validator
+from yolo_cb.settings.config import get_config
 from yolo_cb.utils.log import LOGGER
 
 COCO8 = SHARED / "datasets" / "coco8"

@@ -48,7 +48,7 @@ def test_wheel_install_runs_cfg_and_resolves_shapes(tmp_path):
     out = run([str(venv / "bin" / "yolo-cb"), "cfg"], cwd=elsewhere).stdout
     assert "no_aug_epochs" in out and "epochs" in out
     code = ("from yolo_cb.data.resolve import check_data; d = check_data('shapes.yaml', datasets_dir='ds'); "
-            "import yolo_cb.paths as p; assert 'site-packages' in str(p.CFG_DIR), p.CFG_DIR; print(d['nc'], len(d['names']))")
+            "import yolo_cb.utils.paths as p; assert 'site-packages' in str(p.CFG_DIR), p.CFG_DIR; print(d['nc'], len(d['names']))")
     out = run([str(py), "-c", code], cwd=elsewhere).stdout
     assert out.split()[-2:] == ["4", "4"]
     every_module = ("import importlib, pkgutil, yolo_cb; mods = [m.name for m in pkgutil.walk_packages(yolo_cb.__path__, 'yolo_cb.')]; "

@@ -12,10 +12,10 @@ import re
 import sys
 from collections.abc import Iterator
 
-from yolo_cb.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
 from yolo_cb.errors import UserError
-from yolo_cb.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
-from yolo_cb.user_settings import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
+from yolo_cb.settings.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
+from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
+from yolo_cb.settings.user import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import printable, setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__

@@ -10,8 +10,8 @@ from importlib import metadata
 from pathlib import Path
 
 from yolo_cb.errors import UserError
-from yolo_cb.paths import DEFAULT_CFG
-from yolo_cb.settings_schema import usable_cpus
+from yolo_cb.settings.schema import usable_cpus
+from yolo_cb.utils.paths import DEFAULT_CFG
 from yolo_cb.version import __version__
 
 COPY_NAME = "default_copy.yaml"  # what copy-cfg writes in the working directory (Ultralytics' name)

@@ -17,29 +17,29 @@ from typing import Any
 
 from torch import nn
 
-from yolo_cb import paths
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.assembly.builtin import LOOP_STEPS
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
 from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.checkpoints.weights import is_weights_name, refuse_ultralytics_weights, resolve_weights
-from yolo_cb.config import Config, ConfigError, coerce, get_config
 from yolo_cb.data.resolve import require_local
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.export.exporter import Exporter
-from yolo_cb.launch import launch_ddp
 from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
 from yolo_cb.nn.summary import log_summary, model_info
-from yolo_cb.plan import RunPlan, plan_run
 from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
+from yolo_cb.settings.config import Config, ConfigError, coerce, get_config
+from yolo_cb.training.launch import launch_ddp
+from yolo_cb.training.plan import RunPlan, plan_run
 from yolo_cb.training.resume import finished_run
 from yolo_cb.training.trainer import Trainer
 from yolo_cb.training.trainer_hooks import refuse_unread_hooks
 from yolo_cb.tune import tune
+from yolo_cb.utils import paths
 from yolo_cb.utils.log import LOGGER, setup_logging
 
 

@@ -72,8 +72,8 @@ class ModelHabits:
         model (until a training replaces it with its best.pt)."""
         from yolo_cb.checkpoints.checkpoint import load_checkpoint
         from yolo_cb.checkpoints.weights import resolve_weights
-        from yolo_cb.config import get_config
         from yolo_cb.nn import build_model
+        from yolo_cb.settings.config import get_config
 
         module = self._pytorch_module("load")
         if isinstance(weights, nn.Module):

@@ -61,7 +61,7 @@ def kill_before_best(trainer):
     before best.pt is (its next save_checkpoint or atomic_link call); a no-op without the variable."""
     if "CBPKG_KILL_AT_EPOCH" not in os.environ:
         return
-    from yolo_cb.training import saver as builtin  # the saver writes the checkpoint files
+    from yolo_cb.recipe import saver as builtin  # the saver writes the checkpoint files
 
     at, original, original_link = int(os.environ["CBPKG_KILL_AT_EPOCH"]), builtin.save_checkpoint, builtin.atomic_link
 

@@ -20,14 +20,14 @@ from typing import Any
 from yolo_cb.assembly.builtin import DEFAULTS, LOOP_STEPS
 from yolo_cb.assembly.catalog import load_integrations, not_registered, registered_declarations
 from yolo_cb.callbacks.dispatch import Callbacks
-from yolo_cb.callbacks.lr_settings import parsed
 from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, parse_specs
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
-from yolo_cb.config import get_config
 from yolo_cb.errors import ConfigError
-from yolo_cb.settings_schema import load_defaults
-from yolo_cb.user_settings import load_user_settings
+from yolo_cb.settings.config import get_config
+from yolo_cb.settings.lr_settings import parsed
+from yolo_cb.settings.schema import load_defaults
+from yolo_cb.settings.user import load_user_settings
 from yolo_cb.utils.log import LOGGER
 
 __all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",

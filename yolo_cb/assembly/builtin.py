@@ -2,7 +2,7 @@
 the LR schedule's choice, unfreeze stages), which hand their values to the loop through the trainer's controls.
 
 results.csv, the checkpoint files, the LR schedule, unfreezing and checkpoint averaging are steps the loop calls by name
-(yolo_cb/training/saver.py, yolo_cb/recipe/schedule.py, recipe/unfreeze.py, recipe/average.py), not callbacks.
+(yolo_cb/recipe/saver.py, yolo_cb/recipe/schedule.py, recipe/unfreeze.py, recipe/average.py), not callbacks.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import time
 from typing import Any
 
-from yolo_cb.callbacks.lr_settings import resolve
 from yolo_cb.callbacks.registry import register_callback
+from yolo_cb.data.loader import batch_shape
 from yolo_cb.recipe.unfreeze import parse_stages
-from yolo_cb.training.step import batch_shape
+from yolo_cb.settings.lr_settings import resolve
 from yolo_cb.utils.log import LOGGER
 
 

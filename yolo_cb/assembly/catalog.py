@@ -2,7 +2,7 @@
 
 A name registers when its module is imported (`@register_callback`, `@integration`). This module imports all of them:
 the built-in callbacks, the LR schedule, the callback record and every module of `yolo_cb/integrations/` (found by
-listing that package, so a new integration is one file that nothing else names). `yolo_cb.config` checks the form of
+listing that package, so a new integration is one file that nothing else names). `yolo_cb.settings.config` checks the form of
 `callbacks=` (events, import paths, arguments' shape); the registered names are checked here, one level above the
 engine that the built-in callbacks use.
 """

@@ -22,7 +22,7 @@ import torch
 from yolo_cb.errors import CheckpointError
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.nn.yolox.model import YOLOX
-from yolo_cb.paths import MODELS_DIR, find_dataset_cfg
+from yolo_cb.utils.paths import MODELS_DIR, find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 from yolo_cb.version import __version__
 

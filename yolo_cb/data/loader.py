@@ -45,6 +45,11 @@ def collate_fn(samples: list[dict]) -> dict:
     }
 
 
+def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
+    """(boxes, image side in pixels) of a loader batch: the progress line's Instances and Size; (0, imgsz) before the first."""
+    return (int(batch["targets"].shape[0]), int(batch["img"].shape[-1])) if batch else (0, imgsz)
+
+
 def seed_worker(worker_id: int) -> None:
     """Seed numpy and random in each loader worker from torch's per-worker seed; keep OpenCV single-threaded."""
     import cv2

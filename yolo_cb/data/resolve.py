@@ -25,7 +25,7 @@ from typing import Any
 from yolo_cb.data.download import download_dataset, is_url
 from yolo_cb.data.synthetic import generate_shapes
 from yolo_cb.errors import DataError, short_repr
-from yolo_cb.paths import find_dataset_cfg
+from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
 LOGGER = logging.getLogger("yolo_cb")

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.config import Config, get_config
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
 from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir, single_class
@@ -31,6 +30,7 @@ from yolo_cb.nn.postprocess import postprocess, scale_boxes
 from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import tta_predictions
 from yolo_cb.recipe.stop import refuse_foreign_stop_flag
+from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils import plotting
 from yolo_cb.utils.device import restore_train_flags, synchronize, train_flags
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from yolo_cb.config import Config
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import imread, list_image_files
 from yolo_cb.errors import ConfigError
@@ -29,6 +28,7 @@ from yolo_cb.export.verify import MAP_KEY, val_map
 from yolo_cb.nn.postprocess import postprocess
 from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import preprocess
+from yolo_cb.settings.config import Config
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
 

@@ -10,7 +10,7 @@ import numpy as np
 from yolo_cb.data.resolve import resolve_datasets_dir
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import DataError
-from yolo_cb.paths import find_dataset_cfg
+from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
 

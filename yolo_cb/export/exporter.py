@@ -22,7 +22,6 @@ from torch import nn
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
-from yolo_cb.config import Config, get_config
 from yolo_cb.data.verify import imread
 from yolo_cb.export.calibration_images import dataset_image, sample_image  # noqa: F401 - public here too
 from yolo_cb.export.convert import (
@@ -55,6 +54,7 @@ from yolo_cb.export.mobile import MOBILE_FORMATS, check_coreml, focus_as_conv, w
 from yolo_cb.export.verify import match_detections, run_backend, side_by_side
 from yolo_cb.prediction.backend import TORCHSCRIPT_META, max_stride
 from yolo_cb.prediction.predictor import preprocess
+from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.version import __version__

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolo_cb.config import get_config
 from yolo_cb.data.loader import build_dataloader
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.prediction.backend import ONNXBackend, OpenVINOBackend, TorchScriptBackend
 from yolo_cb.prediction.mobile_backends import ExecuTorchBackend, LiteRTBackend, MNNBackend, NCNNBackend
+from yolo_cb.settings.config import get_config
 from yolo_cb.utils.log import LOGGER
 
 MAP_KEY = "metrics/mAP50-95(B)"

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from ..errors import ConfigError, short_repr
-from ..paths import MODELS_DIR, find_model_cfg
 from ..utils.memory import available_memory
+from ..utils.paths import MODELS_DIR, find_model_cfg
 from ..utils.yaml_safe import load_yaml
 from .blocks import ACTIVATIONS
 from .detector import Detector

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.errors import CheckpointError, short_repr
-from yolo_cb.settings_schema import MAX_IMGSZ
+from yolo_cb.settings.schema import MAX_IMGSZ
 
 MAX_METADATA_CHARS = 4_000_000  # one metadata value, or an OpenVINO metadata.json: 100000 class names fit in far less
 MAX_STRIDE = 256  # our families stride 8/16/32; a larger one only makes the letterbox round absurdly

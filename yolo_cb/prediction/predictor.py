@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from yolo_cb.callbacks import Callbacks
-from yolo_cb.config import Config, get_config
 from yolo_cb.data.transforms import letterbox
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import ConfigError
@@ -32,6 +31,7 @@ from yolo_cb.nn.postprocess import augmented_predictions, postprocess, scale_box
 from yolo_cb.prediction.backend import Backend, load_backend
 from yolo_cb.prediction.results import Results, encode_image
 from yolo_cb.prediction.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
+from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils.files import atomic_write_bytes, create_temp, own_folder, run_dir
 from yolo_cb.utils.log import LOGGER
 

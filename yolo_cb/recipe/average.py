@@ -52,7 +52,7 @@ class BestAverager:
     validates better than best.pt; see the module docstring. The loop calls `average` on the main process."""
 
     def __init__(self, k: int):
-        self.k = int(k)  # how many of the best checkpoints to average (checked with save_topk in yolo_cb/config.py)
+        self.k = int(k)  # how many of the best checkpoints to average (checked with save_topk in yolo_cb/settings/config.py)
 
     @classmethod
     def from_args(cls, args: Any) -> BestAverager | None:

@@ -30,8 +30,8 @@ from typing import Any
 
 from torch import nn
 
-from yolo_cb.config import parse_freeze
 from yolo_cb.errors import ConfigError
+from yolo_cb.settings.config import parse_freeze
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
 

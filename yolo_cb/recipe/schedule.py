@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_cb.callbacks.lr_settings import parsed, resolve
 from yolo_cb.recipe.optim import FOLLOWS
+from yolo_cb.settings.lr_settings import parsed, resolve
 from yolo_cb.utils.log import LOGGER
 
 

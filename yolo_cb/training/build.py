@@ -17,7 +17,6 @@ import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
-from yolo_cb.config import Config, load_defaults
 from yolo_cb.data.check import training_summary
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
@@ -28,6 +27,7 @@ from yolo_cb.nn import build_model as build
 from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.freeze import freeze_bn_stats, trainable_count
+from yolo_cb.settings.config import Config, load_defaults
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.process_state import CUBLAS_ENV

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint
-from yolo_cb.config import save_config
-from yolo_cb.paths import find_dataset_cfg
 from yolo_cb.recipe.ema import unwrap
+from yolo_cb.settings.config import save_config
 from yolo_cb.training import resume, resume_state
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.run_lock import RunFolderInUse, RunLock, lock_run_folder
 
 STALE_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")  # atomic writes' temp files (.last.pt.<random>.tmp) a kill left behind

@@ -17,21 +17,21 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from yolo_cb.callbacks.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
-from yolo_cb.config import Config, coerce, get_config, load_cfg_file
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import list_image_files
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.nn.build import load_model_cfg
-from yolo_cb.paths import find_dataset_cfg
-from yolo_cb.settings_schema import RULES
+from yolo_cb.settings.config import Config, coerce, get_config, load_cfg_file
+from yolo_cb.settings.lr_settings import names_code, parse_lr_scheduler
+from yolo_cb.settings.schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
 from yolo_cb.utils.log import LOGGER, printable
+from yolo_cb.utils.paths import find_dataset_cfg
 
-# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings_schema.py); anything
+# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings/schema.py); anything
 # else would change what is trained.
 RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # The form of dataset_fingerprint: 2 counts the images of every validation set; 1, a fingerprint without "version" (yolo-cb

@@ -164,7 +164,7 @@ class Clock:
 class RunContents(NamedTuple):
     """What a checkpoint is made of, and what a resume restores into: the run state, its parts (model, EMA, optimizer,
     criterion, data, batches: build.Parts), the step (scaler, last optimizer step), the settings, the recipe's parts
-    (recipe_parts.py), the callbacks, the run folder, this rank and the number of ranks. The trainer hands its own over."""
+    (recipe/parts.py), the callbacks, the run folder, this rank and the number of ranks. The trainer hands its own over."""
 
     state: RunState
     parts: Any

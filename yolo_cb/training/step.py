@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from yolo_cb.data.loader import batch_shape
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.training.run_state import Clock, RunState
 from yolo_cb.utils import dist as distributed
@@ -72,11 +73,6 @@ class StepBinding(NamedTuple):
     fire: Callable[[str], None]
     device: torch.device
     flag_device: Any
-
-
-def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
-    """(boxes, image side in pixels) of a loader batch: the progress line's Instances and Size; (0, imgsz) before the first."""
-    return (int(batch["targets"].shape[0]), int(batch["img"].shape[-1])) if batch else (0, imgsz)
 
 
 class BatchStep:

@@ -20,29 +20,29 @@ import torch
 
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights, serialize_checkpoint
-from yolo_cb.config import Config
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
 from yolo_cb.evaluation.validator import Validator
-from yolo_cb.paths import DEFAULT_MODEL
 from yolo_cb.recipe.ema import ModelEMA, unwrap
 from yolo_cb.recipe.freeze import freeze_layers
 from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
+from yolo_cb.recipe.parts import RecipeParts
+from yolo_cb.recipe.saver import EpochOutcome
 from yolo_cb.recipe.stop import StopCause
+from yolo_cb.settings.config import Config
 from yolo_cb.training import build, resume_state
 from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.training.place import Place, make_save_dir
-from yolo_cb.training.recipe_parts import RecipeParts
 from yolo_cb.training.run_state import Clock, Progress, RunContents, RunState
-from yolo_cb.training.saver import EpochOutcome
-from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/launch.py reads it here)
+from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/training/launch.py reads it here)
 from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding  # noqa: F401  (public names)
 from yolo_cb.training.surface import TrainerSurface
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.paths import DEFAULT_MODEL
 from yolo_cb.utils.process_state import restore_process_state, save_process_state
 from yolo_cb.utils.results_plot import plot_results
 
@@ -57,7 +57,7 @@ class Trainer(TrainerSurface):
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None, resume: Checkpoint | None = None):
         self.args = args
         self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
-        args.seal()  # the plan (yolo_cb/plan.py) sealed them; settings given directly are sealed here: read, never written
+        args.seal()  # the plan (yolo_cb/training/plan.py) sealed them; settings given directly are sealed here: read, never written
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.state = RunState(progress=Progress(epochs=args.epochs))  # epoch, losses, metrics, best, stop: run_state.py
         self.parts = build.Parts()  # model, ema, optimizer, criterion, loaders, validator, data
@@ -298,7 +298,7 @@ class Trainer(TrainerSurface):
         self.recipe.results.add(metrics)
 
     def save_model(self) -> None:
-        """This epoch's checkpoint files (training/saver.py): last.pt, best.pt when improved, epoch / top-k copies."""
+        """This epoch's checkpoint files (recipe/saver.py): last.pt, best.pt when improved, epoch / top-k copies."""
         if self.is_main and self.recipe.saver.active:
             outcome = EpochOutcome(self.epoch, self.improved, self.monitor_value if self.validated_this_epoch else None)
             self.recipe.saver.save_epoch(self._checkpoint_bytes(), self.wdir, outcome, self.recipe.monitor.best_first, self._saved_state())

@@ -6,7 +6,7 @@ Importing this package needs neither: each is imported when a tune starts, with 
 
 from __future__ import annotations
 
-from yolo_cb.config import get_config
+from yolo_cb.settings.config import get_config
 from yolo_cb.tune import ray_backend
 from yolo_cb.tune.tuner import tune as run
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.config import FRACTIONS, INT_RANGES, NONNEG_FLOATS, POSITIVE_FLOATS, coerce, describe_settings, load_defaults
 from yolo_cb.errors import ConfigError
+from yolo_cb.settings.config import FRACTIONS, INT_RANGES, NONNEG_FLOATS, POSITIVE_FLOATS, coerce, describe_settings, load_defaults
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.utils.yaml_safe import load_yaml
 

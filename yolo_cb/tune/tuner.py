@@ -19,13 +19,13 @@ from pathlib import Path
 import yaml
 
 from yolo_cb.assembly.catalog import check_callback_names
-from yolo_cb.config import ALIASES, coerce, get_config, load_defaults
 from yolo_cb.data.resolve import check_data
 from yolo_cb.errors import ConfigError, UserError
 from yolo_cb.integrations.mlflow import public_uri
-from yolo_cb.plan import world_size_for
 from yolo_cb.recipe.optim import resolve_optimizer
-from yolo_cb.settings_schema import RULES
+from yolo_cb.settings.config import ALIASES, coerce, get_config, load_defaults
+from yolo_cb.settings.schema import RULES
+from yolo_cb.training.plan import world_size_for
 from yolo_cb.training.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings
 from yolo_cb.tune import report
 from yolo_cb.tune.claim import TrialClaim
@@ -43,7 +43,7 @@ STUDY_DB = "study.db"
 DEFAULT_STUDY = "yolo-cb-tune"
 TUNE_ONLY = {"iterations", "space", "storage", "pruner", "tune_keep", "resume", "project", "name", "exist_ok", "mode"}
 # settings that may differ when resuming a tune: they change how trials run or are kept, not what they learn
-RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.tune_resume)  # tune_resume in yolo_cb/settings_schema.py
+RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.tune_resume)  # tune_resume in yolo_cb/settings/schema.py
 
 
 class OptionalDependencyError(UserError, ImportError):

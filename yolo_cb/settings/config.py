@@ -2,7 +2,7 @@
 
 An unknown key, a wrong type or an out-of-range value raises ConfigError naming the key,
 the value and what would be right (with 'did you mean' for misspelt keys). Each setting's kind, range or choices
-are in yolo_cb/settings_schema.py; each value is typed by yolo_cb/settings_types.py (`coerce`).
+are in yolo_cb/settings/schema.py; each value is typed by yolo_cb/settings/values.py (`coerce`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError
-from yolo_cb.settings_schema import describe_settings, load_defaults
-from yolo_cb.settings_types import (  # noqa: F401
+from yolo_cb.settings import lr_settings
+from yolo_cb.settings.schema import describe_settings, load_defaults
+from yolo_cb.settings.ultralytics_keys import unknown_key_message
+from yolo_cb.settings.user import load_user_settings
+from yolo_cb.settings.values import (  # noqa: F401
     ALIASES,
     FRACTIONS,
     INT_RANGES,
@@ -29,8 +31,6 @@ from yolo_cb.settings_types import (  # noqa: F401
     parse_freeze,
     resolve_close_mosaic,
 )
-from yolo_cb.ultralytics_keys import unknown_key_message
-from yolo_cb.user_settings import load_user_settings
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.yaml_safe import load_yaml
 
@@ -41,7 +41,7 @@ __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_setti
 class Config(SimpleNamespace):
     """The resolved settings; attribute access (args.epochs) and dict conversion. Structured settings are typed values
     (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
-    it) and its parsed form (yolo_cb.callbacks.lr_settings.parsed) in a slot, outside the settings."""
+    it) and its parsed form (yolo_cb.settings.lr_settings.parsed) in a slot, outside the settings."""
 
     __slots__ = ("_lr_scheduler", "_sealed")
 
@@ -95,7 +95,7 @@ def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict
 
 
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
-    """Defaults <- the user's settings file (yolo_cb/user_settings.py) <- `base` (e.g. a checkpoint's train_args) <- cfg=
+    """Defaults <- the user's settings file (yolo_cb/settings/user.py) <- `base` (e.g. a checkpoint's train_args) <- cfg=
     file <- overrides; typed and checked."""
     defaults = load_defaults()
     merged = {**defaults, **load_user_settings()}

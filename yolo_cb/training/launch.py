@@ -1,7 +1,7 @@
 """Self-launched DDP: `model.train(nproc=2)` / `yolo-cb train device=0,1` start one worker process per rank.
 
 The parent serialises the settings and the user's callbacks — closures and lambdas included — with
-cloudpickle into a payload file; each worker (`python -m yolo_cb.launch PAYLOAD`) restores them,
+cloudpickle into a payload file; each worker (`python -m yolo_cb.training.launch PAYLOAD`) restores them,
 so callbacks added in Python run on every rank instead of being lost. torchrun users skip this
 module: `torchrun --nproc_per_node N -m yolo_cb train ...` sets the environment itself.
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.plan import plan_worker, world_size_for
+from yolo_cb.training.plan import plan_worker, world_size_for
 from yolo_cb.training.trainer import SIGNAL_EXIT, Trainer
 from yolo_cb.utils.log import LOGGER
 
@@ -78,7 +78,7 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     where = f"GPU(s) {','.join(devices)}" if devices else ("the CPU" if str(args.device).lower() == "cpu" else "the visible GPUs, else the CPU")
     LOGGER.info(f"DDP: starting {world} worker processes on {where} (nccl when each has a GPU of its own, else gloo)")
-    procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.launch", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+    procs = [subprocess.Popen([sys.executable, "-m", "yolo_cb.training.launch", str(payload)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(world)]
     codes = _wait(procs, timeout)
     try:

@@ -15,9 +15,9 @@ from typing import Any
 from yolo_cb.recipe.average import BestAverager
 from yolo_cb.recipe.early_stop import EarlyStop
 from yolo_cb.recipe.monitor import Monitor
+from yolo_cb.recipe.saver import ResultsLog, Saver
 from yolo_cb.recipe.schedule import LRSchedule
 from yolo_cb.recipe.unfreeze import UnfreezeStages
-from yolo_cb.training.saver import ResultsLog, Saver
 
 # each stateful part -> the name of the callback that held its state in checkpoints written before it was a part
 LEGACY_NAMES = {"lr_schedule": "lr_schedule", "saver": "checkpoint", "results": "results_csv"}

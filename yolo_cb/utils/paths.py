@@ -8,7 +8,7 @@ from pathlib import Path
 def _find_cfg_dir() -> Path:
     # In a wheel, cfg/ is installed as the package data folder yolo_cb/cfg;
     # in a source checkout it sits beside the yolo_cb package.
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parents[1]  # yolo_cb/, this file being yolo_cb/utils/paths.py
     for candidate in (package_dir / "cfg", package_dir.parent / "cfg"):
         if (candidate / "default.yaml").is_file():
             return candidate

@@ -1,4 +1,4 @@
-"""Each setting's value typed and range-checked: `coerce` dispatches on the setting's kind (yolo_cb/settings_schema.py,
+"""Each setting's value typed and range-checked: `coerce` dispatches on the setting's kind (yolo_cb/settings/schema.py,
 `COERCERS`), one short function per kind; a wrong value is a ConfigError naming the key, the value and what would be right.
 """
 
@@ -10,15 +10,15 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.callbacks import lr_settings
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
-from yolo_cb.settings_schema import RULES, Setting, schema, settings_of_kind, usable_cpus
+from yolo_cb.settings import lr_settings
+from yolo_cb.settings.schema import RULES, Setting, schema, settings_of_kind, usable_cpus
 from yolo_cb.utils.yaml_safe import yaml_loads
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
 
-# The rules live in yolo_cb/settings_schema.py (one Setting per key); these names are views of it for older readers.
+# The rules live in yolo_cb/settings/schema.py (one Setting per key); these names are views of it for older readers.
 SCHEMA = RULES
 INT_RANGES = {key: (rule.low, rule.high) for key, rule in RULES.items() if rule.kind == "int"}  # key: (min, max) inclusive
 FRACTIONS = settings_of_kind("fraction")
@@ -276,7 +276,7 @@ def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | N
     return _coerce_classes(value)
 
 
-COERCERS = {  # a setting's kind (yolo_cb/settings_schema.py) -> how a value of it is typed and checked
+COERCERS = {  # a setting's kind (yolo_cb/settings/schema.py) -> how a value of it is typed and checked
     "int": _int, "fraction": _float, "positive": _float, "nonneg": _float, "enum": _enum, "bool": _bool,
     "bool_or_path": _bool_or_path, "text": _text, "device": _device, "free": _as_is, "any": _as_is, "metric": _metric,
     "callbacks": _callbacks, "modules": _modules, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,

@@ -1,7 +1,7 @@
 """The schema of every setting: its kind, range or choices, and whether a resume may change it.
 
 The default and the one-line meaning of each setting are read from cfg/default.yaml (the single source of defaults: a
-setting's value there, its comment there); this module adds the rules. `yolo_cb.config` types and checks values by
+setting's value there, its comment there); this module adds the rules. `yolo_cb.settings.config` types and checks values by
 dispatching on `Setting.kind`; the resume checks (`RESUME_MUTABLE` in yolo_cb/training/resume.py and in
 yolo_cb/tune/tuner.py) are derived from the `resume` and `tune_resume` flags here. tests/test_settings_schema.py checks
 that cfg/default.yaml and this table name the same keys, and that every default is valid for its kind.
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.paths import DEFAULT_CFG
+from yolo_cb.utils.paths import DEFAULT_CFG
 
 __all__ = ["KINDS", "MAX_IMGSZ", "RULES", "Setting", "describe_settings", "load_defaults", "schema", "settings_of_kind", "usable_cpus"]
 

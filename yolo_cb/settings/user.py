@@ -3,7 +3,7 @@
 One YAML file, `settings.yaml` in the user's config folder: YOLO_CB_CONFIG_DIR when set, else
 $XDG_CONFIG_HOME/yolo-cb, else ~/.config/yolo-cb. It holds only the integration switches and the two folders
 (USER_KEYS); its values sit between cfg/default.yaml and everything else (a cfg= file, a checkpoint being resumed, the
-command line win over it). Read when settings are resolved (yolo_cb.config.get_config), never on import. A switch that
+command line win over it). Read when settings are resolved (yolo_cb.settings.config.get_config), never on import. A switch that
 comes from this file is not "asked for" by the command: when its package is missing, the run warns and goes on
 (callbacks/assemble.py), where `comet=True` on the command line stops before any work.
 """

@@ -1,6 +1,6 @@
 """The `lr_scheduler=` setting, parsed and checked: which schedule, with which parameters (no training code here).
 
-The callback that applies it is yolo_cb/assembly/lr_schedule.py; the settings (yolo_cb/config.py) and the resume
+The callback that applies it is yolo_cb/assembly/lr_schedule.py; the settings (yolo_cb/settings/config.py) and the resume
 checks (yolo_cb/training/resume.py) read the setting through this module.
 """
 
@@ -87,7 +87,7 @@ def names_code(value: Any) -> bool:
 
 
 def parsed(args: Any, resolved: LrScheduler | None = None) -> LrScheduler:
-    """`args.lr_scheduler` as parsed once, when the settings were resolved (yolo_cb.config.get_config keeps it on the
+    """`args.lr_scheduler` as parsed once, when the settings were resolved (yolo_cb.settings.config.get_config keeps it on the
     Config); parsed again only where lr_scheduler, cos_lr or warmup_epochs changed since, or `args` is no Config. The
     parameters are a fresh dict each time (readers pop from them)."""
     inputs = (repr(args.lr_scheduler), getattr(args, "cos_lr", False), getattr(args, "warmup_epochs", 0))

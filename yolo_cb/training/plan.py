@@ -18,8 +18,8 @@ from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
-from yolo_cb.config import Config, get_config
 from yolo_cb.nn.build import load_model_cfg
+from yolo_cb.settings.config import Config, get_config
 from yolo_cb.training import resume
 from yolo_cb.training.place import record_data_path
 from yolo_cb.training.resume import ResumePlan
