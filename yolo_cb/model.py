@@ -35,9 +35,7 @@ from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
 from yolo_cb.settings.config import Config, ConfigError, coerce, get_config
 from yolo_cb.training.launch import launch_ddp
 from yolo_cb.training.plan import RunPlan, plan_run
-from yolo_cb.training.resume import finished_run
 from yolo_cb.training.trainer import Trainer
-from yolo_cb.training.trainer_hooks import refuse_unread_hooks
 from yolo_cb.tune import tune
 from yolo_cb.utils import paths
 from yolo_cb.utils.log import LOGGER, setup_logging
@@ -178,21 +176,21 @@ class YOLO(ModelHabits):
         attributes). trainer= takes a subclass of yolo_cb.training.trainer.Trainer to train with."""
         kwargs = dict(kwargs)
         resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
-        trainer_class = _trainer_class(kwargs.pop("trainer", None))
+        trainer = kwargs.pop("trainer", None)
         source, model_named = self._train_source(kwargs.pop("model", None))
         loaded = self.loaded_module if source == self.source else None  # after load(): a fresh run starts from it
-        plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded)
-        if plan.finished is not None:
-            return self._finished_run(plan.finished, kwargs)
-        if plan.launches_workers:  # several processes, and no torchrun made them
-            return self._train_ddp(plan, trainer_class)
-        self.trainer = trainer = plan.trainer(trainer_class)
-        args = plan.args
-        self.metrics = final_metrics(trainer.train(), trainer.validator)
-        best = trainer.wdir / ("best.pt" if trainer.restore_best else "last.pt")  # restore_best=False: the last epoch's
-        if best.is_file():
-            self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
-        self._keep_overrides(args)
+        plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded, trainer)
+        self._keep_overrides(plan.args)
+        if plan.finished is not None:  # resume= of a run that ended: nothing to train
+            self.trainer, self.metrics, self.source = None, plan.finished.metrics, str(plan.finished.weights)
+        elif plan.launches_workers:  # several processes, and no torchrun made them
+            self.metrics = self._train_ddp(plan)
+        else:
+            self.trainer = trainer = plan.trainer()
+            self.metrics = final_metrics(trainer.train(), trainer.validator)
+            best = trainer.wdir / ("best.pt" if trainer.restore_best else "last.pt")  # restore_best=False: the last epoch's
+            if best.is_file():
+                self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
         return self.metrics
 
     def _train_source(self, named: Any) -> tuple[str | None, bool]:
@@ -202,20 +200,18 @@ class YOLO(ModelHabits):
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         return (str(named), True) if named is not None else (self.source, self.model_named)
 
-    def _train_ddp(self, plan: RunPlan, trainer_class: type) -> DetectionMetrics:
+    def _train_ddp(self, plan: RunPlan) -> DetectionMetrics:
         """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
         if isinstance(plan.start, nn.Module):
             raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
                               "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
-        if trainer_class is not Trainer:
-            raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
+        if plan.trainer_class is not Trainer:
+            raise ConfigError(f"trainer={plan.trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
                               f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
-        values = launch_ddp(plan.args, self.callbacks, model=plan.start,
-                            resume=str(plan.resume_path) if plan.resume_path is not None else None)
-        self.source = str(values.pop("_best_pt", self.source))
-        self._keep_overrides(plan.args)
-        self.metrics = DetectionMetrics(values)
-        return self.metrics
+        metrics, best = launch_ddp(plan.args, self.callbacks, model=plan.start,
+                                   resume=str(plan.resume_path) if plan.resume_path is not None else None)
+        self.source = best
+        return metrics
 
     def _keep_overrides(self, args) -> None:
         self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir", "single_cls")}  # val()/predict() after train() use them
@@ -226,15 +222,6 @@ class YOLO(ModelHabits):
         folder). Needs the tune extra: pip install 'yolo-cb[tune]'."""
 
         return tune(self, **kwargs)
-
-    def _finished_run(self, resuming, overrides: dict) -> DetectionMetrics:
-        """resume= of a run that ended: nothing to train and nothing written (yolo_cb.training.resume.finished_run says so)."""
-
-        self.metrics, weights = finished_run(resuming, overrides)
-        self.trainer = None
-        self.source = str(weights)
-        self._keep_overrides(resuming.args)
-        return self.metrics
 
     def val(self, **kwargs) -> DetectionMetrics:
         kwargs = self._fetch_named_weights(kwargs)
@@ -301,15 +288,6 @@ def final_metrics(values: dict, validator) -> DetectionMetrics:
     return metrics
 
 
-def _trainer_class(trainer_class: Any) -> type:
-    trainer_class = trainer_class or Trainer
-    if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
-        raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.training.trainer.Trainer "
-                          f"(the class itself, not an instance)")
-    refuse_unread_hooks(trainer_class, Trainer)
-    return trainer_class
-
-
 class DetectionTrainer(Trainer):
     """Ultralytics' `DetectionTrainer(overrides={...}).train()`: `overrides` are the settings YOLO().train(**overrides) takes
     (model= included; resume= too), `_callbacks` a Callbacks or a mapping event -> functions. Built by train(trainer=...),
@@ -320,14 +298,13 @@ class DetectionTrainer(Trainer):
         if isinstance(cfg, Config):  # YOLO().train(trainer=DetectionTrainer subclass): the facade planned the run
             super().__init__(cfg, callbacks=callbacks, model=model, resume=resume)
             return
-        refuse_unread_hooks(type(self), Trainer)
         user = Callbacks()
         for event, fns in (_callbacks.items() if _callbacks is not None else ()):
             for fn in fns:
                 user.add_callback(event, fn)
         given = {**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})}
         named = given.pop("model", None)
-        plan = plan_run(given, named or str(DEFAULT_MODEL), named is not None, user)
+        plan = plan_run(given, named or str(DEFAULT_MODEL), named is not None, user, trainer=type(self))
         if plan.finished is not None:
             raise ConfigError(f"{plan.resume_path} is from a finished run: there is nothing to resume. YOLO('{plan.resume_path}')"
                               f".train(resume=True) says what it holds; to train further start a new run from it (model={plan.resume_path})")

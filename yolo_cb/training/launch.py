@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.training.plan import plan_worker, world_size_for
-from yolo_cb.training.trainer import SIGNAL_EXIT, Trainer
+from yolo_cb.training.trainer import SIGNAL_EXIT
 from yolo_cb.utils.log import LOGGER
 
 
@@ -59,8 +60,8 @@ def _pickle_user_code_by_value(callbacks) -> None:
                 pass
 
 
-def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = None, timeout: float | None = None) -> dict:
-    """Start `world_size` workers on this node, wait for them, return rank 0's final metrics (plus '_best_pt')."""
+def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = None, timeout: float | None = None) -> tuple[DetectionMetrics, str]:
+    """Start `world_size` workers on this node, wait for them; (rank 0's final metrics, its best.pt)."""
     import cloudpickle
 
     world = world_size_for(args)
@@ -88,7 +89,8 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
             if interrupted:
                 raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(interrupted[0])
             raise RuntimeError(f"DDP training failed: worker exit codes {codes} (rank, code): {failed}; see the worker output above")
-        return json.loads(result.read_text())
+        values = json.loads(result.read_text())
+        return DetectionMetrics(values), values.pop("_best_pt")
     finally:
         payload.unlink(missing_ok=True)
         result.unlink(missing_ok=True)
@@ -138,7 +140,7 @@ def worker(payload_path: str) -> int:
         import logging
 
         logging.getLogger("yolo_cb").setLevel(logging.WARNING)
-    trainer = plan.trainer(Trainer)  # the trainer finds (and verifies) the run folder of a resumed checkpoint
+    trainer = plan.trainer()  # the trainer finds (and verifies) the run folder of a resumed checkpoint
     try:
         metrics = trainer.train()
     except KeyboardInterrupt:

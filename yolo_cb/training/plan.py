@@ -18,11 +18,14 @@ from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
+from yolo_cb.errors import ConfigError
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.settings.config import Config, get_config
 from yolo_cb.training import resume
 from yolo_cb.training.place import record_data_path
-from yolo_cb.training.resume import ResumePlan
+from yolo_cb.training.resume import FinishedRun
+from yolo_cb.training.trainer import Trainer
+from yolo_cb.training.trainer_hooks import refuse_unread_hooks
 from yolo_cb.utils.log import setup_logging
 
 
@@ -34,17 +37,28 @@ class RunPlan:
     start: Any  # what the model starts from: a model YAML, weights, a module load()ed in memory; None on resume
     checkpoint: Checkpoint | None  # the checkpoint a resume continues (its run folder is verified by the trainer)
     resume_path: Path | None  # that checkpoint's file
-    finished: ResumePlan | None  # resume= of a run that ended
+    finished: FinishedRun | None  # resume= of a run that ended: its metrics and weights, nothing to train
     world_size: int  # processes to train in (> 1: this process launches DDP workers, unless torchrun did)
     callbacks: Callbacks | None  # this process's callbacks, placed (None for a finished run, or a DDP launcher)
+    trainer_class: type = Trainer  # the Trainer (sub)class that trains it
 
     @property
     def launches_workers(self) -> bool:
         return self.finished is None and self.callbacks is None
 
-    def trainer(self, trainer_class: type) -> Any:
-        """The trainer of this plan (a Trainer subclass)."""
-        return trainer_class(self.args, callbacks=self.callbacks, model=self.start, resume=self.checkpoint)
+    def trainer(self) -> Any:
+        """The trainer of this plan."""
+        return self.trainer_class(self.args, callbacks=self.callbacks, model=self.start, resume=self.checkpoint)
+
+
+def checked_trainer_class(trainer_class: Any) -> type:
+    """trainer= (None: the Trainer): a Trainer subclass that overrides no Ultralytics method the loop never calls."""
+    trainer_class = trainer_class or Trainer
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
+        raise ConfigError(f"trainer={trainer_class!r} is not a Trainer class; pass a subclass of yolo_cb.training.trainer.Trainer "
+                          f"(the class itself, not an instance)")
+    refuse_unread_hooks(trainer_class, Trainer)
+    return trainer_class
 
 
 def world_size_for(args: Config) -> int:
@@ -54,33 +68,30 @@ def world_size_for(args: Config) -> int:
 
 
 def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = False, user: Callbacks | None = None,
-             resolved: Config | None = None, loaded: Any = None) -> RunPlan:
+             resolved: Config | None = None, loaded: Any = None, trainer: Any = None) -> RunPlan:
     """The plan of train(**overrides) of `model` (`model_named`: the user named it, so resume=True may mean it);
     `user`: the facade's callbacks; `resolved`: the CLI's settings of exactly these overrides (not resolved again);
-    `loaded`: a module load()ed in memory, which a fresh run of `model` starts from."""
+    `loaded`: a module load()ed in memory, which a fresh run of `model` starts from; `trainer`: trainer= (a Trainer class)."""
+    trainer_class = checked_trainer_class(trainer)
     overrides, resuming = resume.plan(dict(overrides), model=model if model_named else None)
-    if resuming is not None and resuming.finished:
-        setup_logging(resuming.args.verbose)
-        return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming, 1, None)
+    if resuming is not None and resuming.finished is not None:
+        return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming.finished, 1, None, trainer_class)
     if resuming is not None:
-        args, start = resuming.args, None
+        args, start = settle(resuming.args, None), None
     else:
-        args, start = fresh_train_args(overrides, model, resolved)
-        start = loaded if loaded is not None else start
-    settle(args, start)
-    setup_logging(args.verbose)
-    check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
+        args, start = fresh_train_args(overrides, model, resolved, loaded)
     world = world_size_for(args)
     launcher = world > 1 and "LOCAL_RANK" not in os.environ  # its workers build their callbacks (plan_worker)
+    if launcher:
+        check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
     return RunPlan(args, start, resuming.ckpt if resuming else None, resuming.path if resuming else None, None, world,
-                   None if launcher else build_trainer_callbacks(args, user))
+                   None if launcher else build_trainer_callbacks(args, user), trainer_class)
 
 
 def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_path: str | None) -> RunPlan:
     """A DDP worker's plan, from the launcher's payload: the launcher's settings (resolved in this new process once),
     its callbacks built here, the checkpoint read here."""
     args = settle(get_config(settings), model)
-    setup_logging(args.verbose)
     ckpt = load_checkpoint(resume_path) if resume_path else None
     return RunPlan(args, model, ckpt, Path(resume_path) if resume_path else None, None, 1, build_trainer_callbacks(args, user))
 
@@ -88,17 +99,19 @@ def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_pa
 def settle(args: Config, start: Any) -> Config:
     """The plan's last word on the settings: the model a run starts from and the data YAML's absolute path recorded
     (args.yaml and checkpoints; a resume from any folder finds the same files), then sealed: from here on they are read,
-    never written (callbacks steer through the trainer's controls)."""
+    never written (callbacks steer through the trainer's controls). The log speaks at their verbosity from here on."""
     if args.model is None and isinstance(start, (str, Path)):
         args.model = str(start)
     record_data_path(args)
+    setup_logging(args.verbose)
     return args.seal()
 
 
-def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None) -> tuple[Config, Any]:
-    """(settings, model source) of a new run: args.yaml records the model; official weights named by name are fetched here,
-    once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made. `resolved`: these
-    overrides' settings as the CLI resolved them (their model is `source` or none), used as they are."""
+def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None, loaded: Any = None) -> tuple[Config, Any]:
+    """(settings, model source) of a new run, settled: args.yaml records the model; official weights named by name are
+    fetched here, once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made.
+    `resolved`: these overrides' settings as the CLI resolved them (their model is `source` or none), used as they are;
+    `loaded`: a module load()ed in memory, which the run starts from instead of `source`."""
     args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
     weights = resolve_weights(source, args.weights_dir)
     if weights is not source:
@@ -106,4 +119,5 @@ def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | 
     args.pretrained = resolve_weights(args.pretrained, args.weights_dir)
     if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
         load_model_cfg(source)
-    return args, source
+    start = loaded if loaded is not None else source
+    return settle(args, start), start

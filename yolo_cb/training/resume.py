@@ -28,7 +28,7 @@ from yolo_cb.settings.lr_settings import names_code, parse_lr_scheduler
 from yolo_cb.settings.schema import RULES
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
-from yolo_cb.utils.log import LOGGER, printable
+from yolo_cb.utils.log import LOGGER, printable, setup_logging
 from yolo_cb.utils.paths import find_dataset_cfg
 
 # Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings/schema.py); anything
@@ -48,13 +48,21 @@ class ResumeError(ConfigError):
     """A resume that would not continue the same run (another model or dataset, a finished run extended)."""
 
 
+class FinishedRun(NamedTuple):
+    """resume= of a run that ended: nothing to train and nothing written (finished_run says so)."""
+
+    metrics: DetectionMetrics  # the metrics it saved
+    weights: Path  # the weights to use from now on: best.pt, else the checkpoint
+
+
 class ResumePlan(NamedTuple):
-    """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and whether its run ended."""
+    """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and, when its run ended and
+    nothing extends it, what it finished with."""
 
     args: Config
     ckpt: Checkpoint
     path: Path
-    finished: bool
+    finished: FinishedRun | None
 
 
 def _not_set(value: Any) -> bool:
@@ -74,8 +82,7 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
                        f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
     if _not_set(overrides.get("resume")):
         return overrides, None
-    args, ckpt, path = prepared or prepare_resume(overrides, model=model)  # resume=auto resolved the settings already
-    return overrides, ResumePlan(args, ckpt, path, ckpt.finished and not extends_finished_run(ckpt, args, overrides))
+    return overrides, prepared or prepare_resume(overrides, model=model)  # resume=auto prepared it already
 
 
 def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
@@ -96,13 +103,6 @@ def find_last_checkpoint(project: str | None) -> Path:
     return candidates[-1]
 
 
-def resolve_auto_resume(overrides: dict[str, Any], model: str | None = None) -> dict[str, Any]:
-    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
-    same settings: any other is refused by prepare_resume, naming what differs), else resume=False and exist_ok=True,
-    so a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
-    return _auto_resume(overrides, model=model)[0]
-
-
 def _auto_folder(overrides: dict[str, Any]) -> Path:
     """The run folder project/name of resume=auto, from the call or its cfg= file: only these two settings are read here,
     since the run's settings are resolved once, by prepare_resume or by the fresh run."""
@@ -111,8 +111,11 @@ def _auto_folder(overrides: dict[str, Any]) -> Path:
     return (Path(project) if project else default_project()) / (name or "train")
 
 
-def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], tuple | None]:
-    """resolve_auto_resume's overrides, and prepare_resume's (args, checkpoint, path) when it resumes (None: a fresh run)."""
+def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], ResumePlan | None]:
+    """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
+    same settings: any other is refused by prepare_resume, naming what differs), and its resume; else resume=False and
+    exist_ok=True, so a fresh run starts in exactly that folder and the next start of the same command finds it (None).
+    Says which in the log."""
     folder = _auto_folder(overrides)
     last = folder / "weights" / "last.pt"
     say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
@@ -125,17 +128,17 @@ def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[d
         get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
         raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
                           f"Use another name= for a new run, or the settings it was started with") from None
-    if not prepared[1].finished:
+    if prepared.finished is None:
         say(f"resume=auto: continuing the run in {folder} from {last}")
     return {**overrides, "resume": str(last)}, prepared
 
 
-def prepare_resume(overrides: dict[str, Any], model: str | None = None):
-    """(args, checkpoint, path) for a resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
+def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> ResumePlan:
+    """A resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
 
     `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
     dataset other than the one the checkpoint was trained on. A finished run's checkpoint is returned unchecked:
-    nothing will be trained (the caller says so)."""
+    nothing will be trained (finished_run says so)."""
     path = checkpoint_to_resume(overrides["resume"], model, overrides.get("project"))
     record = load_checkpoint(path)
     path = path.resolve()
@@ -147,7 +150,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     if "epochs" in overrides:
         check_resume_epochs(record, requested, path)
     if finished:
-        return requested, record, path
+        return ResumePlan(requested, record, path, finished_run(requested, record, path))
     if "data" in overrides and "data" in saved and _same_data_yaml(requested.data, saved["data"]):
         requested.data = saved["data"]  # the same YAML named another way (relative, bundled name)
     changed = sorted(k for k in overrides if k not in RESUME_MUTABLE and k in saved and getattr(requested, k) != saved[k])
@@ -157,7 +160,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None):
     check_resume_model(model, record, path)
     check_resume_data(requested, record, path)
     requested.exist_ok = True
-    return requested, record, path
+    return ResumePlan(requested, record, path, None)
 
 
 # --- another length: epochs= on resume ----------------------------------------------------------------------------------
@@ -185,12 +188,10 @@ def check_resume_epochs(ckpt: Checkpoint, args: Config, path: Path) -> None:
                     f"checkpoints); the LR schedule and close_mosaic follow the new length from epoch {int(ckpt.epoch) + 2}{fresh}")
 
 
-def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
+def finished_run(args: Config, ckpt: Checkpoint, path: Path) -> FinishedRun:
     """resume= of a run that ended, without a larger epochs= (which trains it further: extends_finished_run): nothing to
-    train and nothing written; says how to train further. Returns (its saved metrics, the weights to use from now on:
-    best.pt, else the checkpoint)."""
-
-    args, ckpt, path = resumed.args, resumed.ckpt, resumed.path
+    train and nothing written; says how to train further."""
+    setup_logging(args.verbose)
     done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
     how = f"all {total} epochs trained" if done >= total else f"stopped early after epoch {done} of {total}"
     best = path.parent / "best.pt"
@@ -199,7 +200,7 @@ def finished_run(resumed: ResumePlan, overrides: dict) -> tuple[Any, Path]:
             f"its weights: yolo-cb train model={weights} data={args.data} epochs=N (YOLO('{weights}').train(data=..., epochs=N))")
     LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
                 f"To train further (fine-tune), {hint}")
-    return DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights
+    return FinishedRun(DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights)
 
 
 # --- which settings ---------------------------------------------------------------------------------------------------
