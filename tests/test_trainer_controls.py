@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 # run-state names only the trainer writes; a callback reaches them through a control
 OWNED_BY_THE_TRAINER = {"stop_cause", "stop_reason", "epochs", "start_epoch", "epoch", "validate_every_epoch"}
 # the functions that fill settings in while a run is planned, all called from yolo_cb/training/plan.py before it seals them
-PLANNING = {("training/plan.py", "fresh_train_args"), ("training/plan.py", "settle"), ("training/place.py", "record_data_path")}
+PLANNING = {("training/plan.py", "fresh_train_args"), ("settings/config.py", "settle")}
 
 
 def writes_outside_the_plan(package: Path) -> list[str]:

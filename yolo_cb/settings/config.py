@@ -32,6 +32,7 @@ from yolo_cb.settings.values import (  # noqa: F401
     resolve_close_mosaic,
 )
 from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
 __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_settings", "get_config", "load_defaults", "parse_freeze",
@@ -50,6 +51,18 @@ class Config(SimpleNamespace):
         setting raises, naming what steers a run instead (docs/callbacks.md, "Controls")."""
         object.__setattr__(self, "_sealed", True)
         return self
+
+    def settle(self, start: Any = None) -> Config:
+        """A run's settings, sealed after their last two facts are recorded (args.yaml and checkpoints; a resume from any
+        folder finds the same files): the model the run starts from (`start`, where model= is empty) and the data YAML
+        as an absolute path."""
+        if self.model is None and isinstance(start, (str, Path)):
+            self.model = str(start)
+        try:
+            self.data = str(find_dataset_cfg(str(self.data or "shapes.yaml")).resolve())
+        except (FileNotFoundError, OSError):
+            pass  # check_data reports it, with every place it looked
+        return self.seal()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_sealed", False) and not name.startswith("_") and getattr(self, name, object()) != value:

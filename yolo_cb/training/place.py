@@ -20,7 +20,6 @@ from yolo_cb.training import resume, resume_state
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.files import run_dir
 from yolo_cb.utils.log import LOGGER
-from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.run_lock import RunFolderInUse, RunLock, lock_run_folder
 
 STALE_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")  # atomic writes' temp files (.last.pt.<random>.tmp) a kill left behind
@@ -118,15 +117,6 @@ def make_save_dir(place: Place, args: Any, ckpt: Checkpoint | None) -> None:
         save_config(args, place.save_dir / "args.yaml")
         if ckpt is not None:
             resume_state.restore_best(ckpt, args.resume, place.wdir / "best.pt")
-
-
-def record_data_path(args) -> None:
-    """Record the data YAML as an absolute path (args.yaml, checkpoints): a resume from any folder finds the same one."""
-
-    try:
-        args.data = str(find_dataset_cfg(str(args.data or "shapes.yaml")).resolve())
-    except (FileNotFoundError, OSError):
-        pass  # check_data reports it, with every place it looked
 
 
 def remove_stale_temp_files(*folders: Path) -> None:

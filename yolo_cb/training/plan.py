@@ -1,6 +1,6 @@
 """One plan per training run: `plan_run` decides, once and in this module, everything a run is before it starts.
 
-The settings (resolved once, completed and sealed here: `settle`), the model it starts from, the checkpoint a resume continues, the
+The settings (resolved once, completed and sealed here: `Config.settle`), the model it starts from, the checkpoint a resume continues, the
 number of processes, and the callbacks — for `YOLO.train`, the CLI (which hands its resolved settings in), `resume=`
 paths, `resume=auto`, `DetectionTrainer(overrides=...)`, tune trials (each a `YOLO.train`) and DDP workers
 (`plan_worker`, from the launcher's payload). The trainer is made from the plan (`RunPlan.trainer`).
@@ -22,7 +22,6 @@ from yolo_cb.errors import ConfigError
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.settings.config import Config, get_config
 from yolo_cb.training import resume
-from yolo_cb.training.place import record_data_path
 from yolo_cb.training.resume import FinishedRun
 from yolo_cb.training.trainer import Trainer
 from yolo_cb.training.trainer_hooks import refuse_unread_hooks
@@ -77,9 +76,10 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
     if resuming is not None and resuming.finished is not None:
         return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming.finished, 1, None, trainer_class)
     if resuming is not None:
-        args, start = settle(resuming.args, None), None
+        args, start = resuming.args.settle(), None
     else:
         args, start = fresh_train_args(overrides, model, resolved, loaded)
+    setup_logging(args.verbose)
     world = world_size_for(args)
     launcher = world > 1 and "LOCAL_RANK" not in os.environ  # its workers build their callbacks (plan_worker)
     if launcher:
@@ -91,20 +91,10 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
 def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_path: str | None) -> RunPlan:
     """A DDP worker's plan, from the launcher's payload: the launcher's settings (resolved in this new process once),
     its callbacks built here, the checkpoint read here."""
-    args = settle(get_config(settings), model)
+    args = get_config(settings).settle(model)
+    setup_logging(args.verbose)
     ckpt = load_checkpoint(resume_path) if resume_path else None
     return RunPlan(args, model, ckpt, Path(resume_path) if resume_path else None, None, 1, build_trainer_callbacks(args, user))
-
-
-def settle(args: Config, start: Any) -> Config:
-    """The plan's last word on the settings: the model a run starts from and the data YAML's absolute path recorded
-    (args.yaml and checkpoints; a resume from any folder finds the same files), then sealed: from here on they are read,
-    never written (callbacks steer through the trainer's controls). The log speaks at their verbosity from here on."""
-    if args.model is None and isinstance(start, (str, Path)):
-        args.model = str(start)
-    record_data_path(args)
-    setup_logging(args.verbose)
-    return args.seal()
 
 
 def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None, loaded: Any = None) -> tuple[Config, Any]:
@@ -120,4 +110,4 @@ def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | 
     if isinstance(source, (str, Path)) and not str(source).endswith((".pt", ".pth")):
         load_model_cfg(source)
     start = loaded if loaded is not None else source
-    return settle(args, start), start
+    return args.settle(start), start
