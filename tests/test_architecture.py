@@ -41,7 +41,7 @@ ROOT = "yolo_cb"
 INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "results_plot", "run_lock"),
-    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config"),
+    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),

@@ -2,7 +2,7 @@
 
 The default and the one-line meaning of each setting are read from cfg/default.yaml (the single source of defaults: a
 setting's value there, its comment there); this module adds the rules. `yolo_cb.settings.config` types and checks values by
-dispatching on `Setting.kind`; the resume checks (`RESUME_MUTABLE` in yolo_cb/training/resume.py and in
+dispatching on `Setting.kind`; the resume checks (`RESUME_MUTABLE` in yolo_cb/settings/resume.py and in
 yolo_cb/tune/tuner.py) are derived from the `resume` and `tune_resume` flags here. tests/test_settings_schema.py checks
 that cfg/default.yaml and this table name the same keys, and that every default is valid for its kind.
 

@@ -1,14 +1,7 @@
 """Resume, decided before training starts: which checkpoint, which of its settings, which run folder, and every refusal.
 
-A file yolo-cb did not write names no code and no place to write. A checkpoint loads with ``torch.load(weights_only=True)``,
-so unpickling runs nothing; but its ``train_args`` are plain strings that other code would import (``callbacks``, an
-``lr_scheduler`` naming ``module:function``, a ``cfg=`` file that may declare either) or write to (``project``, ``name``,
-``datasets_dir``, ...). Those come only from the user's own command, YAML or call. On resume, a code-naming setting the
-checkpoint records must be given again (the same, or empty to resume without it): otherwise the resume is refused with one
-line, since dropping it silently would change the run. Places are never taken from the checkpoint: the user's value, else
-today's default layout.
-
-What the trainer restores from the checkpoint once the run is built is yolo_cb.training.resume_state.
+Which of a checkpoint's settings a resume takes (never code, never a place to write) is yolo_cb.settings.resume; what the
+trainer restores from the checkpoint once the run is built is yolo_cb.training.resume_state.
 """
 
 from __future__ import annotations
@@ -20,28 +13,19 @@ from typing import Any, NamedTuple
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import list_image_files
-from yolo_cb.errors import ConfigError, short_repr
+from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.nn.build import load_model_cfg
 from yolo_cb.settings.config import Config, coerce, get_config, load_cfg_file
-from yolo_cb.settings.lr_settings import names_code, parse_lr_scheduler
-from yolo_cb.settings.schema import RULES
+from yolo_cb.settings.resume import RESUME_MUTABLE, resume_settings
 from yolo_cb.utils.dist import rank
 from yolo_cb.utils.files import default_project, run_dir
 from yolo_cb.utils.log import LOGGER, printable, setup_logging
 from yolo_cb.utils.paths import find_dataset_cfg
 
-# Settings that may differ from the checkpoint's when resuming (`resume=True` in yolo_cb/settings/schema.py); anything
-# else would change what is trained.
-RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # The form of dataset_fingerprint: 2 counts the images of every validation set; 1, a fingerprint without "version" (yolo-cb
 # up to 4f22c48), counted only the first set of a `val:` mapping. A checkpoint is compared in the form it recorded.
 FINGERPRINT_VERSION = 2
-# Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
-CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
-# Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
-# which may declare code) and places to write (or a server to write to): the user's value, else the default.
-PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
 
 
 class ResumeError(ConfigError):
@@ -144,8 +128,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> Resum
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
     finished = record.finished and not extends_finished_run(record, None, overrides)
-    saved = resumable_settings(dict(record.train_args or {}), given, path, trains=not finished)  # no code, no place to write
-    requested = get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
+    saved, requested = resume_settings(record.train_args, given, path, trains=not finished)
     requested.resume = str(path)
     if "epochs" in overrides:
         check_resume_epochs(record, requested, path)
@@ -201,58 +184,6 @@ def finished_run(args: Config, ckpt: Checkpoint, path: Path) -> FinishedRun:
     LOGGER.info(f"{path} is from a finished run ({how}); there is nothing to resume and nothing was changed. "
                 f"To train further (fine-tune), {hint}")
     return FinishedRun(DetectionMetrics({k: float(v) for k, v in (ckpt.metrics or {}).items()}, names=ckpt.names), weights)
-
-
-# --- which settings ---------------------------------------------------------------------------------------------------
-def settings_to_resume(saved: dict, given: dict) -> dict:
-    """A checkpoint's settings under the user's: the pair close_mosaic / no_aug_epochs repaired in an older checkpoint (where
-    close_mosaic counted only when no_aug_epochs was 0), and the saved partner of an alias the user gives left out."""
-    saved = dict(saved)
-    if saved.get("close_mosaic") is not None and saved.get("no_aug_epochs") is not None and saved["close_mosaic"] != saved["no_aug_epochs"]:
-        saved["close_mosaic"] = saved["no_aug_epochs"] = saved["no_aug_epochs"] or saved["close_mosaic"]
-    for key, partner in (("close_mosaic", "no_aug_epochs"), ("no_aug_epochs", "close_mosaic")):
-        if key in given and partner not in given:
-            saved.pop(partner, None)
-    return saved
-
-
-def _names_code(key: str, value: Any) -> bool:
-    if value in (None, "", [], {}, (), False):
-        return False
-    if key == "lr_scheduler":
-        return names_code(value)
-    return True
-
-
-def _same_lr_scheduler(given: Any, recorded: Any) -> bool:
-    try:
-        return parse_lr_scheduler(given) == parse_lr_scheduler(recorded)
-    except ValueError:
-        return False
-
-
-def resumable_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path | str, trains: bool = True) -> dict[str, Any]:
-    """The checkpoint's settings a resume may use, under the user's `given` ones: no place, no code.
-
-    When the resume `trains` (the run is not finished), raises ConfigError (one line, the value shortened) for code the
-    checkpoint records and the user did not give again, or an lr_scheduler naming code the user gives differently."""
-    saved = {k: v for k, v in train_args.items() if k not in PLACE_SETTINGS}
-    for key in CODE_SETTINGS:
-        recorded = saved.pop(key, None)
-        if not _names_code(key, recorded):
-            if recorded is not None:
-                saved[key] = recorded  # a built-in schedule: plain data, part of what is trained
-            continue
-        if not trains:
-            continue  # a finished run: nothing will run, so nothing is missing
-        if key not in given:
-            raise ConfigError(f"cannot resume {path}: it records {key}={short_repr(recorded)}, and yolo-cb never takes code "
-                              f"from a checkpoint; give {key}= again (the same value to keep it, or an empty "
-                              f"{key}= to resume without it)")
-        if key == "lr_scheduler" and not _same_lr_scheduler(given[key], recorded):
-            raise ConfigError(f"cannot change lr_scheduler={short_repr(given[key])} (was {short_repr(recorded)}) when resuming {path}: "
-                              f"the schedule decides what is trained; give the same lr_scheduler= again")
-    return saved
 
 
 # --- refusals: the same model, the same dataset -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from yolo_cb.checkpoints.checkpoint import checkpoint_epoch, load_checkpoint
 from yolo_cb.errors import ConfigError
-from yolo_cb.training.resume import RESUME_MUTABLE
+from yolo_cb.settings.resume import RESUME_MUTABLE
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.yaml_safe import load_yaml
 

@@ -24,9 +24,10 @@ from yolo_cb.errors import ConfigError, UserError
 from yolo_cb.integrations.mlflow import public_uri
 from yolo_cb.recipe.optim import resolve_optimizer
 from yolo_cb.settings.config import ALIASES, coerce, get_config, load_defaults
+from yolo_cb.settings.resume import CODE_SETTINGS, resumable_settings
 from yolo_cb.settings.schema import RULES
 from yolo_cb.training.plan import world_size_for
-from yolo_cb.training.resume import CODE_SETTINGS, dataset_fingerprint, resumable_settings
+from yolo_cb.training.resume import dataset_fingerprint
 from yolo_cb.tune import report
 from yolo_cb.tune.claim import TrialClaim
 from yolo_cb.tune.interrupted import continue_trial, epochs_in, fail_stale_trials, last_checkpoint, record_process, requeue_interrupted
