@@ -154,7 +154,8 @@ def verify_checksum(ckpt: dict[str, Any], path: Path) -> None:
 
 def save_checkpoint(ckpt: Checkpoint | bytes, path: Path) -> Path:
     """Write a checkpoint (or bytes from serialize_checkpoint) atomically: temp file, fsync, os.replace."""
-    atomic_write_bytes(Path(path), ckpt if isinstance(ckpt, bytes) else serialize_checkpoint(ckpt.to_dict()))
+    data = ckpt if isinstance(ckpt, bytes) else serialize_checkpoint(ckpt.to_dict())
+    atomic_write_bytes(Path(path), data)
     return Path(path)
 
 
