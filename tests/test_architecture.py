@@ -40,7 +40,7 @@ ROOT = "yolo_cb"
 # subpackage counts as one member of its parent). The package's __init__ sits above its members.
 INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
-                      "plotting", "results_plot", "run_lock"),
+                      "plotting", "run_lock", "download"),
     "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
                           "spec_check"),
@@ -51,7 +51,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
                      "convert", "check", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
-    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "parts"),
+    "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "results_plot", "parts"),
     "yolo_cb.prediction": ("torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
                            "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),

@@ -10,8 +10,8 @@ import time
 import pytest
 from test_data_safety import server  # noqa: F401 - the loopback http server fixture
 
-from yolo_cb.data.download import download_file
 from yolo_cb.errors import DataError
+from yolo_cb.utils.download import download_file
 
 
 class Trickle(http.server.BaseHTTPRequestHandler):

@@ -21,8 +21,8 @@ from typing import Any
 
 from yolo_cb.checkpoints import megvii
 from yolo_cb.checkpoints.checkpoint import save_checkpoint, serialize_checkpoint
-from yolo_cb.data.download import _fetch
 from yolo_cb.errors import CheckpointError
+from yolo_cb.utils.download import fetch
 from yolo_cb.utils.files import atomic_write_bytes, write_error
 from yolo_cb.utils.log import LOGGER
 
@@ -212,7 +212,7 @@ def _download(spec: Official, folder: Path, raw: Path) -> Path:
 
     LOGGER.info(f"{spec.variant}: downloading Megvii's official weights {spec.url} into {folder}")
     try:
-        return _fetch(spec.url, folder, spec.file)
+        return fetch(spec.url, folder, spec.file)
     except (OSError, HTTPException) as error:  # URLError, HTTPError, timeouts, an incomplete transfer
         reason = getattr(error, "reason", None) or error
         raise CheckpointError(f"cannot download the {spec.variant} weights from {spec.url} ({reason}). Offline? Download that file "

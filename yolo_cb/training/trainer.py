@@ -27,6 +27,7 @@ from yolo_cb.recipe.ema import ModelEMA, unwrap
 from yolo_cb.recipe.freeze import freeze_layers
 from yolo_cb.recipe.optim import adopt_optimizer, build_optimizer, resolve_optimizer
 from yolo_cb.recipe.parts import RecipeParts
+from yolo_cb.recipe.results_plot import plot_results
 from yolo_cb.recipe.saver import EpochOutcome
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.settings.config import Config
@@ -44,7 +45,6 @@ from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.paths import DEFAULT_MODEL
 from yolo_cb.utils.process_state import restore_process_state, save_process_state
-from yolo_cb.utils.results_plot import plot_results
 
 
 class Trainer(TrainerSurface):
