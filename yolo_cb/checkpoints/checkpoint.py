@@ -85,6 +85,11 @@ class Checkpoint:
 
     KEYS: ClassVar[tuple[str, ...]] = ()  # the dict's keys, in order (set below)
 
+    def ended_for(self, epochs: int | None) -> bool:
+        """Whether the run ended for a resume that asks for `epochs` (None: not given): it finished, and a larger epochs=
+        than it trained is what trains it further."""
+        return self.finished and (epochs is None or int(epochs) <= int(self.epoch) + 1)
+
     def to_dict(self) -> dict[str, Any]:
         """The plain dict written to disk: every field under its own key, then the extras."""
         return {**{key: getattr(self, key) for key in self.KEYS}, **self.extras}

@@ -127,7 +127,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> Resum
     record = load_checkpoint(path)
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
-    finished = record.finished and not extends_finished_run(record, None, overrides)
+    finished = record.ended_for(coerce("epochs", overrides["epochs"]) if "epochs" in overrides else None)
     saved, requested = resume_settings(record.train_args, given, path, trains=not finished)
     requested.resume = str(path)
     if "epochs" in overrides:
@@ -147,14 +147,6 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> Resum
 
 
 # --- another length: epochs= on resume ----------------------------------------------------------------------------------
-def extends_finished_run(ckpt: Checkpoint, args: Config | None, overrides: dict[str, Any]) -> bool:
-    """Whether resume= of a finished run trains further: epochs= given and more than the epochs it trained."""
-    if "epochs" not in overrides:
-        return False
-    epochs = args.epochs if args is not None else coerce("epochs", overrides["epochs"])
-    return int(epochs) > int(ckpt.epoch) + 1
-
-
 def check_resume_epochs(ckpt: Checkpoint, args: Config, path: Path) -> None:
     """epochs= on resume: any value that keeps the epochs already trained (a longer or a shorter run: the LR schedule and
     close_mosaic are computed for the new length, see docs/cli.md); fewer is refused with one line."""
@@ -172,7 +164,7 @@ def check_resume_epochs(ckpt: Checkpoint, args: Config, path: Path) -> None:
 
 
 def finished_run(args: Config, ckpt: Checkpoint, path: Path) -> FinishedRun:
-    """resume= of a run that ended, without a larger epochs= (which trains it further: extends_finished_run): nothing to
+    """resume= of a run that ended, without a larger epochs= (which trains it further: Checkpoint.ended_for): nothing to
     train and nothing written; says how to train further."""
     setup_logging(args.verbose)
     done, total = int(ckpt.epoch) + 1, int(ckpt.epochs or 0)
