@@ -176,10 +176,10 @@ class YOLO(ModelHabits):
         attributes). trainer= takes a subclass of yolo_cb.training.trainer.Trainer to train with."""
         kwargs = dict(kwargs)
         resolved = kwargs.pop("_resolved", None)  # the CLI's Config of exactly these kwargs: not resolved a second time
-        trainer = kwargs.pop("trainer", None)
+        trainer_class = kwargs.pop("trainer", None)
         source, model_named = self._train_source(kwargs.pop("model", None))
         loaded = self.loaded_module if source == self.source else None  # after load(): a fresh run starts from it
-        plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded, trainer)
+        plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded, trainer_class)
         self._keep_overrides(plan.args)
         if plan.finished is not None:  # resume= of a run that ended: nothing to train
             self.trainer, self.metrics, self.source = None, plan.finished.metrics, str(plan.finished.weights)
@@ -304,7 +304,7 @@ class DetectionTrainer(Trainer):
                 user.add_callback(event, fn)
         given = {**({"cfg": str(cfg)} if cfg else {}), **(overrides or {})}
         named = given.pop("model", None)
-        plan = plan_run(given, named or str(DEFAULT_MODEL), named is not None, user, trainer=type(self))
+        plan = plan_run(given, named or str(DEFAULT_MODEL), named is not None, user, trainer_class=type(self))
         if plan.finished is not None:
             raise ConfigError(f"{plan.resume_path} is from a finished run: there is nothing to resume. YOLO('{plan.resume_path}')"
                               f".train(resume=True) says what it holds; to train further start a new run from it (model={plan.resume_path})")

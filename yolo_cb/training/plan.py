@@ -67,11 +67,11 @@ def world_size_for(args: Config) -> int:
 
 
 def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = False, user: Callbacks | None = None,
-             resolved: Config | None = None, loaded: Any = None, trainer: Any = None) -> RunPlan:
+             resolved: Config | None = None, loaded: Any = None, trainer_class: Any = None) -> RunPlan:
     """The plan of train(**overrides) of `model` (`model_named`: the user named it, so resume=True may mean it);
     `user`: the facade's callbacks; `resolved`: the CLI's settings of exactly these overrides (not resolved again);
-    `loaded`: a module load()ed in memory, which a fresh run of `model` starts from; `trainer`: trainer= (a Trainer class)."""
-    trainer_class = checked_trainer_class(trainer)
+    `loaded`: a module load()ed in memory, which a fresh run of `model` starts from; `trainer_class`: train(trainer=...)."""
+    trainer_class = checked_trainer_class(trainer_class)
     overrides, resuming = resume.plan(dict(overrides), model=model if model_named else None)
     if resuming is not None and resuming.finished is not None:
         return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming.finished, 1, None, trainer_class)
