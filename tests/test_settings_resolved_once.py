@@ -8,6 +8,7 @@ import pytest
 import yolo_cb.cli
 import yolo_cb.model
 import yolo_cb.settings.config
+import yolo_cb.settings.resume
 import yolo_cb.training.plan
 import yolo_cb.training.resume
 from yolo_cb import YOLO
@@ -28,7 +29,8 @@ def resolutions(monkeypatch):
         calls.append(args)
         return original(*args, **kwargs)
 
-    for module in (yolo_cb.settings.config, yolo_cb.model, yolo_cb.training.plan, yolo_cb.training.resume, yolo_cb.cli):
+    for module in (yolo_cb.settings.config, yolo_cb.settings.resume, yolo_cb.model, yolo_cb.training.plan, yolo_cb.training.resume,
+                   yolo_cb.cli):
         monkeypatch.setattr(module, "get_config", counted)
     return calls
 
