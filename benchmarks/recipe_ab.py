@@ -5,7 +5,8 @@
 
 Each variant is the equal recipe of benchmarks/vs_ultralytics.py (batch 16, nbs 16, AdamW lr0 0.002, 1 warmup epoch,
 workers 0, seed 0, the last 3 epochs without mosaic when epochs > 3) with its KEY=VALUE settings on top; a variant with
-no settings is that recipe itself. All variants start at once, each pinned to its own core with one thread (through
+no settings is that recipe itself; `model=PATH` in a variant trains that model YAML instead of --model (an architecture
+A/B in one call). All variants start at once, each pinned to its own core with one thread (through
 vs_ultralytics.py's worker), so on 2 cores run two variants at a time. Prints the curves as a markdown table.
 DIR_OR_YAML: a YOLO dataset folder with data.yaml (e.g. ../shared/datasets/shapes or one made by make_datasets.py).
 """
@@ -40,7 +41,9 @@ def main() -> None:
     for i, (name, *items) in enumerate(a.variant):
         work = tmp / name
         settings = {**base, **{k: _yaml_scalar(v) for k, v in (s.split("=", 1) for s in items)}}
-        spec = {"lib": "yolo_cb", "model": a.model, "data": str(dataset_view(work / "data", False, source=a.data)),
+        model = str(settings.pop("model", a.model))  # the worker runs in a temp folder: a relative YAML path made absolute
+        model = str(Path(model).resolve()) if Path(model).is_file() else model
+        spec = {"lib": "yolo_cb", "model": model, "data": str(dataset_view(work / "data", False, source=a.data)),
                 "project": str(a.out.resolve() / name), "settings": settings, "core": cores[i % len(cores)],
                 "result": str(work / "result.json")}
         (work / "spec.json").write_text(json.dumps(spec, indent=1))

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..blocks import ConvBNAct
+from ..blocks import ConvBNAct, DWConv
 from ..grid import cell_grid, flatten_levels
 
 STRIDES = (8, 16, 32)  # downsampling factor of the P3, P4 and P5 feature maps
@@ -22,6 +22,9 @@ PRIOR_OBJECTS = 5.0  # class-bias prior: about this many objects per image ...
 PRIOR_IMGSZ = 640  # ... of this many pixels square, spread over all classes and cells of a level
 MIN_BOX_HIDDEN = 16  # the box branch is never narrower than this
 MAX_CLASS_HIDDEN = 100  # the class branch widens to the class count, up to this many channels
+# The class branch's two 3x3 layers: full = two dense 3x3 ConvBNAct (ours since the start); depthwise = each a depthwise
+# 3x3 then a pointwise 1x1, both with BatchNorm and activation (the shape of YOLO11's class branch; issue 44 measured it)
+CLS_BRANCHES = ("full", "depthwise")
 OBJECTNESS_LOGIT = 40.0  # sigmoid(40) rounds to exactly 1.0 in float32 and float16: the objectness of `yolox_layout`
 
 
@@ -45,19 +48,24 @@ def boxes_to_distances(boxes_xyxy: torch.Tensor, centers: torch.Tensor) -> torch
 class DistributionHead(nn.Module):
     """Maps P3/P4/P5 to raw per-level outputs (B, 4 * reg_max + nc, H, W): distance-bin logits then class logits."""
 
-    def __init__(self, nc: int, in_channels: tuple[int, ...], reg_max: int = REG_MAX, act: str = "silu", strides: tuple[int, ...] = STRIDES):
+    def __init__(self, nc: int, in_channels: tuple[int, ...], reg_max: int = REG_MAX, act: str = "silu", strides: tuple[int, ...] = STRIDES,
+                 cls_branch: str = "full"):
         super().__init__()
+        if cls_branch not in CLS_BRANCHES:
+            raise ValueError(f"unknown cls_branch '{cls_branch}' (expected {' or '.join(CLS_BRANCHES)})")
         self.nc, self.reg_max, self.strides = int(nc), int(reg_max), tuple(strides)
         box_hidden = max(MIN_BOX_HIDDEN, in_channels[0] // 4, 4 * self.reg_max)
         cls_hidden = max(in_channels[0], min(self.nc, MAX_CLASS_HIDDEN))
         self.box_branches = nn.ModuleList(self._branch(c, box_hidden, 4 * self.reg_max, act) for c in in_channels)
-        self.cls_branches = nn.ModuleList(self._branch(c, cls_hidden, self.nc, act) for c in in_channels)
+        self.cls_branches = nn.ModuleList(self._branch(c, cls_hidden, self.nc, act, cls_branch == "depthwise") for c in in_channels)
         self._grid_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.initialize_biases()
 
     @staticmethod
-    def _branch(c_in: int, hidden: int, c_out: int, act: str) -> nn.Sequential:
-        return nn.Sequential(ConvBNAct(c_in, hidden, 3, 1, act=act), ConvBNAct(hidden, hidden, 3, 1, act=act), nn.Conv2d(hidden, c_out, 1))
+    def _branch(c_in: int, hidden: int, c_out: int, act: str, depthwise: bool = False) -> nn.Sequential:
+        """Two 3x3 layers (dense, or depthwise 3x3 + pointwise 1x1 each) then a 1x1 convolution to `c_out` logits."""
+        layer = DWConv if depthwise else ConvBNAct
+        return nn.Sequential(layer(c_in, hidden, 3, 1, act=act), layer(hidden, hidden, 3, 1, act=act), nn.Conv2d(hidden, c_out, 1))
 
     @torch.no_grad()
     def initialize_biases(self) -> None:

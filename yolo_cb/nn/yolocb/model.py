@@ -18,7 +18,7 @@ from torch import nn
 
 from ..detector import Detector
 from .backbone import backbone_layers, body_forward, neck_layers
-from .head import REG_MAX, STRIDES, DistributionHead
+from .head import CLS_BRANCHES, REG_MAX, STRIDES, DistributionHead
 from .loss import YOLOCBLoss
 
 FAMILY = "yolocb"  # the `family:` value of a model YAML that builds this detector
@@ -53,11 +53,11 @@ class YOLOCB(Detector):
     strides = STRIDES
 
     def __init__(self, depth: float = 0.33, width: float = 0.25, max_channels: int = MAX_CHANNELS, reg_max: int = REG_MAX,
-                 nc: int = 80, act: str = "silu", name: str = "YOLOCB"):
+                 nc: int = 80, act: str = "silu", name: str = "YOLOCB", cls_branch: str = CLS_BRANCHES[0]):
         super().__init__({"family": FAMILY, "depth": float(depth), "width": float(width), "max_channels": int(max_channels),
-                          "reg_max": int(reg_max), "act": str(act), "nc": int(nc)}, name)
+                          "reg_max": int(reg_max), "act": str(act), "cls_branch": str(cls_branch), "nc": int(nc)}, name)
         backbone, channels = backbone_layers(depth, width, int(max_channels), act)
-        head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES)
+        head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES, str(cls_branch))
         self.model = nn.ModuleList([*backbone, *neck_layers(channels, depth, act), head])
         self.register_load_state_dict_pre_hook(_old_keys_renamed)
         self.build_loss()
@@ -100,6 +100,7 @@ def parse_yolocb_cfg(data: dict) -> dict:
         "max_channels": int(data.get("max_channels", MAX_CHANNELS)),
         "reg_max": int(data.get("reg_max", REG_MAX)),
         "act": str(data.get("act", "silu")),
+        "cls_branch": str(data.get("cls_branch", CLS_BRANCHES[0])),  # checkpoints written before the key have the full branch
     }
     if "nc" in data:
         arch["nc"] = int(data["nc"])
