@@ -11,7 +11,7 @@ from yolo_cb.errors import ConfigError
 from yolo_cb.nn import build_model
 from yolo_cb.nn.blocks import DWConv
 from yolo_cb.nn.yolocb.head import DistributionHead
-from yolo_cb.paths import find_model_cfg
+from yolo_cb.utils.paths import find_model_cfg
 
 NC = 3
 
