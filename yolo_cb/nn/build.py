@@ -13,6 +13,7 @@ import yaml
 from ..errors import ConfigError, short_repr
 from ..utils.memory import available_memory
 from ..utils.paths import MODELS_DIR, find_model_cfg
+from ..utils.suggest import did_you_mean
 from ..utils.yaml_safe import load_yaml
 from .blocks import ACTIVATIONS
 from .detector import Detector
@@ -54,9 +55,19 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
     else:
         name = path.stem
     check_values(data, name)
-    if family == YOLOCB_FAMILY:
-        return parse_yolocb_cfg(data), name
-    return parse_yolox_cfg(data, cfg), name
+    arch = parse_yolocb_cfg(data) if family == YOLOCB_FAMILY else parse_yolox_cfg(data, cfg)
+    if path is not None:  # a YAML the user wrote: a key its family does not read would build a model silently without it
+        refuse_unread_keys(data, {"family", "nc", *arch}, family, name)
+    return arch, name
+
+
+def refuse_unread_keys(data: dict, read: set[str], family: str, name: str) -> None:
+    """ConfigError, one line, for a model YAML key that the `family` detector does not read (`depthwise:` in a yolocb
+    YAML, `cls_branch:` in a yolox one, a misspelt `reg_maxx:`), naming the keys it does read."""
+    unread = [str(key) for key in data if key not in read]
+    if unread:
+        raise ConfigError(f"model {name}: unknown key '{unread[0]}' for a {family} model (it would be ignored).{did_you_mean(unread[0], read)} "
+                          f"A {family} model YAML takes: {', '.join(sorted(read))}")
 
 
 def with_current_names(ckpt: dict) -> dict:
