@@ -56,7 +56,7 @@ def load_model_cfg(cfg: str | Path | dict) -> tuple[dict, str]:
         name = path.stem
     check_values(data, name)
     arch = parse_yolocb_cfg(data) if family == YOLOCB_FAMILY else parse_yolox_cfg(data, cfg)
-    if path is not None:  # a YAML the user wrote: a key its family does not read would build a model silently without it
+    if not isinstance(cfg, dict):  # a YAML file: a key its family does not read would build a model silently without it
         refuse_unread_keys(data, {"family", "nc", *arch}, family, name)
     return arch, name
 
