@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+# the installed wheel's processes see no PYTHONPATH: one naming a checkout (as when the suite runs from a worktree) would
+# import that checkout's yolo_cb instead of the wheel's
+WHEEL_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
 def run(cmd, **kw):
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=WHEEL_ENV, **kw)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     return proc
 
