@@ -90,7 +90,8 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
                 raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(interrupted[0])
             raise RuntimeError(f"DDP training failed: worker exit codes {codes} (rank, code): {failed}; see the worker output above")
         values = json.loads(result.read_text())
-        return DetectionMetrics(values), values.pop("_best_pt")
+        best = values.pop("_best_pt")  # taken out first: the metrics are the validation's keys only
+        return DetectionMetrics(values), best
     finally:
         payload.unlink(missing_ok=True)
         result.unlink(missing_ok=True)
