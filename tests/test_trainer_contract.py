@@ -153,3 +153,16 @@ def test_only_the_controls_are_writable_and_the_rest_read_the_run_state():
     assert state.stop.flag is True and state.stop.reason == "enough"
     trainer.request_stop(StopCause.TARGET, "later")  # the first stop kept its (missing) cause: this one fills it in
     assert state.stop.cause == StopCause.TARGET and trainer.stop_reason == "later"
+
+
+def test_a_trainer_made_without_a_plan_records_its_model_and_the_data_yaml_path_then_seals_its_settings():
+    """Trainer(args, model=...) made directly (no YOLO.train plan): args.yaml and checkpoints still record the model it
+    starts from and the data YAML as an absolute path, and the settings are read-only from then on."""
+    from yolo_cb.settings.config import get_config
+    from yolo_cb.training.trainer import Trainer
+
+    trainer = Trainer(get_config({"data": "shapes.yaml", "mode": "train"}), model="yolox-nano.yaml")
+    assert trainer.args.model == "yolox-nano.yaml"
+    assert Path(trainer.args.data).is_absolute() and Path(trainer.args.data).name == "shapes.yaml"
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        trainer.args.epochs = 7

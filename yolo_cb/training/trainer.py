@@ -57,7 +57,7 @@ class Trainer(TrainerSurface):
     def __init__(self, args: Config, callbacks: Callbacks | None = None, model: Any = None, resume: Checkpoint | None = None):
         self.args = args
         self.model_source = model if model is not None else (args.model or DEFAULT_MODEL)
-        args.seal()  # the plan (yolo_cb/training/plan.py) sealed them; settings given directly are sealed here: read, never written
+        args.settle(model)  # the plan settled them (nothing changes then); settings given directly are settled and sealed here
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.state = RunState(progress=Progress(epochs=args.epochs))  # epoch, losses, metrics, best, stop: run_state.py
         self.parts = build.Parts()  # model, ema, optimizer, criterion, loaders, validator, data
