@@ -142,6 +142,8 @@ def check_overrides(overrides: dict[str, Any]) -> None:
 def names_a_resume(value: Any) -> bool:
     """Whether a resume= value asks for a resume (a path, true, auto), read as the settings would read it."""
     return value is not None and coerce("resume", value) not in (None, False)
+
+
 MODE_SETTINGS = {"augment": ("predict", "val"), "single_cls": ("train", "val", "tune")}  # switches only these modes read
 
 

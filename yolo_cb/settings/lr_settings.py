@@ -1,7 +1,8 @@
 """The `lr_scheduler=` setting, parsed and checked: which schedule, with which parameters (no training code here).
 
-The callback that applies it is yolo_cb/assembly/lr_schedule.py; the settings (yolo_cb/settings/config.py) and the resume
-checks (yolo_cb/training/resume.py) read the setting through this module.
+The loop's schedule that applies it is yolo_cb/recipe/schedule.py (a module:Class value is a callback instead,
+yolo_cb/assembly/assemble.py); the settings (yolo_cb/settings/config.py) and the resume checks (yolo_cb/settings/resume.py)
+read the setting through this module.
 """
 
 from __future__ import annotations
