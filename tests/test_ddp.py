@@ -74,7 +74,8 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     m0, m1 = (json.loads((markers / f"metrics_rank{r}.json").read_text()) for r in (0, 1))
     assert m0 == m1 and "metrics/mAP50-95(B)" in m0
     assert metrics["metrics/mAP50-95(B)"] == m0["metrics/mAP50-95(B)"]
-    assert "_best_pt" not in metrics  # the launcher's note of best.pt is taken out of the metrics train() returns
+    assert "_weights" not in metrics  # the launcher's note of the final weights is taken out of the metrics train() returns
+    assert Path(model.source).is_absolute() and Path(model.source).name == "best.pt" and Path(model.source).is_file()
     assert not (markers / "writes_rank1.txt").exists()
     written = (markers / "writes_rank0.txt").read_text()
     assert "last.pt" in written and "results.csv" in written

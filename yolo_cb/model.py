@@ -34,7 +34,7 @@ from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
 from yolo_cb.settings.config import Config, ConfigError, coerce, get_config
 from yolo_cb.training.launch import launch_ddp
-from yolo_cb.training.plan import RunPlan, plan_run
+from yolo_cb.training.plan import plan_run
 from yolo_cb.training.trainer import Trainer
 from yolo_cb.tune import tune
 from yolo_cb.utils import paths
@@ -180,17 +180,18 @@ class YOLO(ModelHabits):
         source, model_named = self._train_source(kwargs.pop("model", None))
         loaded = self.loaded_module if source == self.source else None  # after load(): a fresh run starts from it
         plan = plan_run(kwargs, source, model_named, self.callbacks, resolved, loaded, trainer_class)
-        self._keep_overrides(plan.args)
+        self.overrides = plan.mode_overrides()  # val()/predict() after train() use them
+        weights = None
         if plan.finished is not None:  # resume= of a run that ended: nothing to train
-            self.trainer, self.metrics, self.source = None, plan.finished.metrics, str(plan.finished.weights)
+            self.trainer, self.metrics, weights = None, plan.finished.metrics, plan.finished.weights
         elif plan.launches_workers:  # several processes, and no torchrun made them
-            self.metrics = self._train_ddp(plan)
+            self.metrics, weights = launch_ddp(plan.args, self.callbacks, model=plan.start, resume=plan.resume_path)
         else:
             self.trainer = trainer = plan.trainer()
-            self.metrics = final_metrics(trainer.train(), trainer.validator)
-            best = trainer.wdir / ("best.pt" if trainer.restore_best else "last.pt")  # restore_best=False: the last epoch's
-            if best.is_file():
-                self.source = str(best.resolve())  # absolute: val()/predict() later work from any working directory
+            trainer.train()
+            self.metrics, weights = trainer.final_metrics(), trainer.final_weights()
+        if weights is not None:
+            self.source = str(weights)  # absolute: val()/predict() later work from any working directory
         return self.metrics
 
     def _train_source(self, named: Any) -> tuple[str | None, bool]:
@@ -199,22 +200,6 @@ class YOLO(ModelHabits):
             raise ConfigError(f"YOLO('{self.source}') already names the model, and train(model='{named}') names another: "
                               f"give one (YOLO('{named}').train(...) or drop model= from train())")
         return (str(named), True) if named is not None else (self.source, self.model_named)
-
-    def _train_ddp(self, plan: RunPlan) -> DetectionMetrics:
-        """A self-launched DDP run (nproc / a device list > 1): the workers train, rank 0's metrics come back."""
-        if isinstance(plan.start, nn.Module):
-            raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
-                              "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
-        if plan.trainer_class is not Trainer:
-            raise ConfigError(f"trainer={plan.trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
-                              f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
-        metrics, best = launch_ddp(plan.args, self.callbacks, model=plan.start,
-                                   resume=str(plan.resume_path) if plan.resume_path is not None else None)
-        self.source = best
-        return metrics
-
-    def _keep_overrides(self, args) -> None:
-        self.overrides = {k: getattr(args, k) for k in ("data", "imgsz", "datasets_dir", "single_cls")}  # val()/predict() after train() use them
 
     def tune(self, **kwargs) -> dict:
         """Search hyperparameters with Optuna (docs/tune.md): `iterations` trials, each a training of `epochs` epochs with
@@ -273,19 +258,6 @@ class YOLO(ModelHabits):
 
     def __repr__(self) -> str:
         return f"YOLO({self.source!r})"
-
-
-def final_metrics(values: dict, validator) -> DetectionMetrics:
-    """The metrics train() returns: the trainer's final values, with the per-class detail of the validation that produced
-    them (none when the last validation is not theirs, e.g. val=False)."""
-
-    last = getattr(validator, "metrics", None)
-    if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
-        metrics = DetectionMetrics(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
-    else:
-        metrics = DetectionMetrics(values, names=getattr(validator, "names", None) or None)
-    metrics.save_dir = getattr(validator, "save_dir", None)  # the run folder, as Ultralytics' train() metrics
-    return metrics
 
 
 class DetectionTrainer(Trainer):

@@ -131,6 +131,18 @@ class DetectionMetrics(dict):
         self.names = dict(names if names is not None else (det.names if det is not None else {}))
         self.save_dir = None  # the validation's folder (plots, predictions.json), set by the validator that made these
 
+    @classmethod
+    def of_run(cls, values: dict, validator: Any) -> DetectionMetrics:
+        """What a training returns: its final `values`, with the per-class detail of the validation that produced them
+        (`validator`'s last metrics; none when they are not these values' own, e.g. val=False) and its folder."""
+        last = getattr(validator, "metrics", None)
+        if isinstance(last, DetectionMetrics) and all(last.get(k) == values.get(k) for k in ("metrics/mAP50-95(B)", "metrics/mAP50(B)")):
+            metrics = cls(values, det=last.det_metrics, speed=last.speed, names=last.names, confusion_matrix=last.confusion_matrix)
+        else:
+            metrics = cls(values, names=getattr(validator, "names", None) or None)
+        metrics.save_dir = getattr(validator, "save_dir", None)  # the run folder, as Ultralytics' train() metrics
+        return metrics
+
     @property
     def fitness(self) -> float:
         """The score best.pt is chosen by (mAP50-95), the mapping's 'fitness'."""

@@ -60,8 +60,10 @@ def _pickle_user_code_by_value(callbacks) -> None:
                 pass
 
 
-def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = None, timeout: float | None = None) -> tuple[DetectionMetrics, str]:
-    """Start `world_size` workers on this node, wait for them; (rank 0's final metrics, its best.pt)."""
+def launch_ddp(args, user_callbacks, model: Any = None, resume: Path | str | None = None,
+               timeout: float | None = None) -> tuple[DetectionMetrics, Path | None]:
+    """Start `world_size` workers on this node, wait for them; (rank 0's final metrics, the weights its run ends on:
+    Trainer.final_weights)."""
     import cloudpickle
 
     world = world_size_for(args)
@@ -70,7 +72,7 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
     _pickle_user_code_by_value(user_callbacks)
     settings = args.as_dict()
     settings["nproc"] = 1  # the workers must not launch again
-    payload.write_bytes(cloudpickle.dumps({"args": settings, "callbacks": user_callbacks, "model": model, "resume": resume,
+    payload.write_bytes(cloudpickle.dumps({"args": settings, "callbacks": user_callbacks, "model": model, "resume": str(resume) if resume else None,
                                            "result": str(result), "sys_path": list(sys.path), "cwd": os.getcwd()}))
     devices = gpu_list(args.device)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
@@ -90,8 +92,8 @@ def launch_ddp(args, user_callbacks, model: Any = None, resume: str | None = Non
                 raise KeyboardInterrupt if interrupted[0] == 130 else SystemExit(interrupted[0])
             raise RuntimeError(f"DDP training failed: worker exit codes {codes} (rank, code): {failed}; see the worker output above")
         values = json.loads(result.read_text())
-        best = values.pop("_best_pt")  # taken out first: the metrics are the validation's keys only
-        return DetectionMetrics(values), best
+        weights = values.pop("_weights")  # taken out first: the metrics are the validation's keys only
+        return DetectionMetrics(values), Path(weights) if weights else None
     finally:
         payload.unlink(missing_ok=True)
         result.unlink(missing_ok=True)
@@ -149,8 +151,8 @@ def worker(payload_path: str) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     if rank == 0:
-        best = trainer.wdir / "best.pt"
-        Path(payload["result"]).write_text(json.dumps({**metrics, "_best_pt": str(best)}))
+        weights = trainer.final_weights()
+        Path(payload["result"]).write_text(json.dumps({**metrics, "_weights": str(weights) if weights else ""}))
     return 0
 
 

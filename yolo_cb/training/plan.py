@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from yolo_cb.assembly.assemble import build_trainer_callbacks
 from yolo_cb.assembly.catalog import check_callback_names
 from yolo_cb.callbacks.dispatch import Callbacks
@@ -49,6 +51,10 @@ class RunPlan:
         """The trainer of this plan."""
         return self.trainer_class(self.args, callbacks=self.callbacks, model=self.start, resume=self.checkpoint)
 
+    def mode_overrides(self) -> dict[str, Any]:
+        """The settings val() and predict() after this training inherit (Ultralytics' model.overrides)."""
+        return {k: getattr(self.args, k) for k in ("data", "imgsz", "datasets_dir", "single_cls")}
+
 
 def checked_trainer_class(trainer_class: Any) -> type:
     """trainer= (None: the Trainer): a Trainer subclass that overrides no Ultralytics method the loop never calls."""
@@ -58,6 +64,17 @@ def checked_trainer_class(trainer_class: Any) -> type:
                           f"(the class itself, not an instance)")
     refuse_unread_hooks(trainer_class, Trainer)
     return trainer_class
+
+
+def check_workers_can_start(start: Any, trainer_class: type) -> None:
+    """A self-launched DDP run's workers start from files and build the standard Trainer: refuse anything else, before any
+    work."""
+    if isinstance(start, nn.Module):
+        raise ConfigError("a self-launched DDP run (nproc/device list > 1) cannot start from weights load()ed in memory: its "
+                          "workers read files. model.save('start.pt'), then YOLO('start.pt').train(...)")
+    if trainer_class is not Trainer:
+        raise ConfigError(f"trainer={trainer_class.__name__} cannot be used with a self-launched DDP run (nproc/device list "
+                          f"> 1): its workers build the standard Trainer. Run under torchrun with your own script instead")
 
 
 def world_size_for(args: Config) -> int:
@@ -83,6 +100,7 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
     world = world_size_for(args)
     launcher = world > 1 and "LOCAL_RANK" not in os.environ  # its workers build their callbacks (plan_worker)
     if launcher:
+        check_workers_can_start(start, trainer_class)
         check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
     return RunPlan(args, start, resuming.ckpt if resuming else None, resuming.path if resuming else None, None, world,
                    None if launcher else build_trainer_callbacks(args, user), trainer_class)

@@ -58,15 +58,31 @@ def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str,
     """(the overrides to train with, the resume; None: a fresh run) for train(**overrides). `model` is a model the user
     named (None: not named). resume=auto picks the run folder's last.pt or a fresh run there; a torchrun restart without
     resume= is warned about, since it starts over."""
-    prepared = None
-    if str(overrides.get("resume")).lower() == "auto":
-        overrides, prepared = _auto_resume(overrides, model=model)
+    auto = str(overrides.get("resume")).lower() == "auto"
+    if auto:
+        overrides = _auto_overrides(overrides)
     elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and _not_set(overrides.get("resume")) and rank() in (-1, 0):
         LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
                        f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
     if _not_set(overrides.get("resume")):
         return overrides, None
-    return overrides, prepared or prepare_resume(overrides, model=model)  # resume=auto prepared it already
+    try:
+        prepared = prepare_resume(overrides, model=model)
+    except ConfigError as error:
+        if not auto:
+            raise
+        get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
+        raise type(error)(f"resume=auto: {overrides['resume']} is not a run of these settings, so it is neither continued nor "
+                          f"overwritten: {error}. Use another name= for a new run, or the settings it was started with") from None
+    if auto and prepared.finished is None:
+        _say(f"resume=auto: continuing the run in {Path(overrides['resume']).parent.parent} from {overrides['resume']}")
+    return overrides, prepared
+
+
+def _say(message: str) -> None:
+    """Log on rank 0 (under torchrun every rank plans)."""
+    if rank() in (-1, 0):
+        LOGGER.info(message)
 
 
 def checkpoint_to_resume(value: Any, model: str | None, project: str | None) -> Path:
@@ -95,26 +111,16 @@ def _auto_folder(overrides: dict[str, Any]) -> Path:
     return (Path(project) if project else default_project()) / (name or "train")
 
 
-def _auto_resume(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], ResumePlan | None]:
+def _auto_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
-    same settings: any other is refused by prepare_resume, naming what differs), and its resume; else resume=False and
-    exist_ok=True, so a fresh run starts in exactly that folder and the next start of the same command finds it (None).
-    Says which in the log."""
+    same settings: any other is refused by prepare_resume, naming what differs); else resume=False and exist_ok=True, so
+    a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
     folder = _auto_folder(overrides)
     last = folder / "weights" / "last.pt"
-    say = LOGGER.info if rank() in (-1, 0) else (lambda message: None)  # under torchrun: rank 0 speaks
     if not last.is_file():
-        say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
-        return {**overrides, "resume": False, "exist_ok": True}, None
-    try:
-        prepared = prepare_resume({**overrides, "resume": str(last)}, model=model)
-    except ConfigError as error:
-        get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
-        raise type(error)(f"resume=auto: {last} is not a run of these settings, so it is neither continued nor overwritten: {error}. "
-                          f"Use another name= for a new run, or the settings it was started with") from None
-    if prepared.finished is None:
-        say(f"resume=auto: continuing the run in {folder} from {last}")
-    return {**overrides, "resume": str(last)}, prepared
+        _say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
+        return {**overrides, "resume": False, "exist_ok": True}
+    return {**overrides, "resume": str(last)}
 
 
 def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> ResumePlan:

@@ -22,6 +22,7 @@ from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights, serialize_checkpoint
 from yolo_cb.data.loader import close_loaders
 from yolo_cb.evaluation import val_sets
+from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.recipe.ema import ModelEMA, unwrap
 from yolo_cb.recipe.freeze import freeze_layers
@@ -87,6 +88,15 @@ class Trainer(TrainerSurface):
 
     def _checkpoint_bytes(self, epoch: int | None = None) -> bytes:
         return serialize_checkpoint(self.checkpoint_dict(epoch=epoch))
+
+    def final_metrics(self) -> DetectionMetrics:
+        """What train() of the facade returns: the final metrics, with the per-class detail of their validation."""
+        return DetectionMetrics.of_run(self.metrics, self.validator)
+
+    def final_weights(self) -> Path | None:
+        """The weights the run ends on (best.pt; last.pt with restore_best=False), absolute; None when none was written."""
+        weights = self.best if self.restore_best else self.last
+        return weights.resolve() if weights is not None and weights.is_file() else None
 
     def data_fingerprint(self) -> dict | None:
         """The dataset's identity stored in checkpoints (data YAML, image counts, names); resume refuses another one."""
