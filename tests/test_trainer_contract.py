@@ -168,3 +168,25 @@ def test_a_trainer_made_without_a_plan_records_its_model_and_the_data_yaml_path_
     assert Path(trainer.args.data).is_absolute() and Path(trainer.args.data).name == "shapes.yaml"
     with pytest.raises(AttributeError, match="cannot be changed"):
         trainer.args.epochs = 7
+
+
+# Ultralytics' own API that takes a trainer and is no event handler: validator(trainer=...) validates during training.
+TRAINER_PARAMETER_API = {"evaluation/validator.py": {"__call__"}}
+
+
+def test_outside_callbacks_and_integrations_only_event_handlers_take_a_trainer():
+    """Issue 43: helpers take and return values; a function with a `trainer` parameter outside callbacks/ and integrations/
+    is an event handler (named for an event) or Ultralytics' validator(trainer=...)."""
+    from yolo_cb.callbacks.events import EVENTS
+
+    package = Path(__file__).resolve().parents[1] / "yolo_cb"
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.startswith(("callbacks/", "integrations/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "trainer" in [a.arg for a in node.args.args + node.args.kwonlyargs]:
+                found[f"{rel}:{node.name}"] = node.name in EVENTS or node.name in TRAINER_PARAMETER_API.get(rel, set())
+    assert len(found) > 3  # the scan sees the built-in callbacks' handlers
+    assert all(found.values()), sorted(k for k, ok in found.items() if not ok)

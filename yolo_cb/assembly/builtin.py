@@ -29,11 +29,8 @@ class Progress:
         self.bar = None
         self.epoch_start = 0.0
 
-    def _enabled(self, trainer) -> bool:
-        return trainer.is_main
-
     def on_train_epoch_start(self, trainer):
-        if not self._enabled(trainer):
+        if not trainer.is_main:
             return
         self.epoch_start = time.perf_counter()
         stream = self.stream or sys.stdout
@@ -42,36 +39,40 @@ class Progress:
 
             self.bar = tqdm(total=trainer.num_batches, file=stream, bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
         if trainer.epoch == trainer.start_epoch:
-            LOGGER.info(self.header(trainer))
-
-    def header(self, trainer) -> str:
-        names = ["Epoch", *trainer.loss_names, "Instances", "Size"]
-        return "".join(f"{n:>11}" for n in names)
-
-    def line(self, trainer) -> str:
-        losses = "".join(f"{v:>11.4g}" for v in trainer.tloss)
-        boxes, size = batch_shape(trainer.batch, trainer.args.imgsz)
-        return f"{f'{trainer.epoch + 1}/{trainer.epochs}':>11}{losses}{boxes:>11}{size:>11}"
+            LOGGER.info(header(trainer.loss_names))
 
     def on_train_batch_end(self, trainer):
         if self.bar is not None:
-            self.bar.set_description(self.line(trainer))
+            self.bar.set_description(line(trainer.epoch, trainer.epochs, trainer.tloss, trainer.batch, trainer.args.imgsz))
             self.bar.update(1)
 
     def on_train_epoch_end(self, trainer):
-        if not self._enabled(trainer):
+        if not trainer.is_main:
             return
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         else:
             seconds = time.perf_counter() - self.epoch_start
-            LOGGER.info(f"{self.line(trainer)}   {trainer.batch_i + 1}/{trainer.num_batches} batches, {seconds:.1f}s")
+            progress = line(trainer.epoch, trainer.epochs, trainer.tloss, trainer.batch, trainer.args.imgsz)
+            LOGGER.info(f"{progress}   {trainer.batch_i + 1}/{trainer.num_batches} batches, {seconds:.1f}s")
 
     def teardown(self, trainer):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def header(loss_names) -> str:
+    """The progress table's column names."""
+    return "".join(f"{n:>11}" for n in ["Epoch", *loss_names, "Instances", "Size"])
+
+
+def line(epoch: int, epochs: int, tloss, batch: dict, imgsz: int) -> str:
+    """One row of the progress table: epoch (1-based) of epochs, the epoch's mean losses, the batch's boxes and size."""
+    losses = "".join(f"{v:>11.4g}" for v in tloss)
+    boxes, size = batch_shape(batch, imgsz)
+    return f"{f'{epoch + 1}/{epochs}':>11}{losses}{boxes:>11}{size:>11}"
 
 
 @register_callback("early_stopping")
