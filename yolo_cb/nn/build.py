@@ -20,7 +20,7 @@ from .detector import Detector
 from .summary import log_summary
 from .yolocb.head import CLS_BRANCHES
 from .yolocb.model import FAMILY as YOLOCB_FAMILY
-from .yolocb.model import YOLOCB, parse_yolocb_cfg
+from .yolocb.model import BODIES, YOLOCB, parse_yolocb_cfg
 from .yolox.model import FAMILY as YOLOX_FAMILY
 from .yolox.model import YOLOX, parse_yolox_cfg
 
@@ -93,7 +93,7 @@ def _same_arch(a: dict, b: dict) -> bool:
             return False
         if _family(a) == YOLOCB_FAMILY:
             a, b = parse_yolocb_cfg(a), parse_yolocb_cfg(b)
-            return all(a[k] == b[k] for k in ("max_channels", "reg_max", "act", "cls_branch")) and all(abs(a[k] - b[k]) < 1e-9 for k in ("depth", "width"))
+            return all(a[k] == b[k] for k in ("max_channels", "reg_max", "act", "cls_branch", "body")) and all(abs(a[k] - b[k]) < 1e-9 for k in ("depth", "width"))
         return all(str(a.get(k)) == str(b.get(k)) for k in ("depthwise", "act")) and all(
             abs(float(a[k]) - float(b[k])) < 1e-9 for k in ("depth", "width")
         )
@@ -134,6 +134,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {  # a model config'
     "max_channels": (_integer(8), "an integer >= 8"),
     "reg_max": (_integer(2), "an integer >= 2"),
     "cls_branch": (lambda v: v in CLS_BRANCHES, f"one of {', '.join(CLS_BRANCHES)}"),
+    "body": (lambda v: v in BODIES, f"one of {', '.join(BODIES)}"),
 }
 
 

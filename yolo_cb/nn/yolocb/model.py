@@ -17,12 +17,14 @@ import torch
 from torch import nn
 
 from ..detector import Detector
+from .attention_body import attention_body_layers
 from .backbone import backbone_layers, body_forward, neck_layers
 from .head import CLS_BRANCHES, REG_MAX, STRIDES, DistributionHead
 from .loss import YOLOCBLoss
 
 FAMILY = "yolocb"  # the `family:` value of a model YAML that builds this detector
 MAX_CHANNELS = 1024  # default cap on any layer's channels before the width multiplier
+BODIES = ("split_csp", "c3k2_psa")  # backbone and neck: split-CSP (backbone.py) | YOLO11's (attention_body.py)
 # The layers of `model`, each at its index, by the name it had before the layers were one list: checkpoints written
 # then, and freeze= / unfreeze names written for them, are read through `current_name`.
 OLD_LAYER_NAMES = ("backbone.stem", "backbone.stage2", "backbone.stage3", "backbone.stage4", "backbone.stage5", "neck.top_down4",
@@ -53,12 +55,18 @@ class YOLOCB(Detector):
     strides = STRIDES
 
     def __init__(self, depth: float = 0.33, width: float = 0.25, max_channels: int = MAX_CHANNELS, reg_max: int = REG_MAX,
-                 nc: int = 80, act: str = "silu", name: str = "YOLOCB", cls_branch: str = CLS_BRANCHES[0]):
+                 nc: int = 80, act: str = "silu", name: str = "YOLOCB", cls_branch: str = CLS_BRANCHES[0], body: str = BODIES[0]):
+        if body not in BODIES:
+            raise ValueError(f"unknown body '{body}' (expected {' or '.join(BODIES)})")
         super().__init__({"family": FAMILY, "depth": float(depth), "width": float(width), "max_channels": int(max_channels),
-                          "reg_max": int(reg_max), "act": str(act), "cls_branch": str(cls_branch), "nc": int(nc)}, name)
-        backbone, channels = backbone_layers(depth, width, int(max_channels), act)
+                          "reg_max": int(reg_max), "act": str(act), "cls_branch": str(cls_branch), "body": str(body), "nc": int(nc)}, name)
+        if body == "split_csp":
+            backbone, channels = backbone_layers(depth, width, int(max_channels), act)
+            layers = [*backbone, *neck_layers(channels, depth, act)]
+        else:
+            layers, channels = attention_body_layers(depth, width, int(max_channels), act)
         head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES, str(cls_branch))
-        self.model = nn.ModuleList([*backbone, *neck_layers(channels, depth, act), head])
+        self.model = nn.ModuleList([*layers, head])
         self.register_load_state_dict_pre_hook(_old_keys_renamed)
         self.build_loss()
 
@@ -101,6 +109,7 @@ def parse_yolocb_cfg(data: dict) -> dict:
         "reg_max": int(data.get("reg_max", REG_MAX)),
         "act": str(data.get("act", "silu")),
         "cls_branch": str(data.get("cls_branch", CLS_BRANCHES[0])),  # checkpoints written before the key have the full branch
+        "body": str(data.get("body", BODIES[0])),  # and the split-CSP body
     }
     if "nc" in data:
         arch["nc"] = int(data["nc"])
