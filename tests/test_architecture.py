@@ -45,7 +45,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
-    "yolo_cb.nn.yolocb": ("assigner", "backbone", "head", "loss", "model"),
+    "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
     "yolo_cb.data": ("transforms", "npy_cache", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "resolve",
                      "convert", "check", "loader"),

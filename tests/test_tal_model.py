@@ -203,7 +203,7 @@ def test_loss_is_finite_and_decreases_on_a_tiny_overfit():
 
 
 def test_build_model_round_trip_from_a_checkpoint(model, tmp_path):
-    assert model.cfg == {"family": "yolocb", "depth": 0.33, "width": 0.25, "max_channels": 1024, "reg_max": 16, "act": "silu", "cls_branch": "full", "nc": NC}
+    assert model.cfg == {"family": "yolocb", "depth": 0.33, "width": 0.25, "max_channels": 1024, "reg_max": 16, "act": "silu", "cls_branch": "full", "body": "split_csp", "nc": NC}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     path = save_checkpoint(Checkpoint(model=state, ema=state, model_cfg=dict(model.cfg), names={0: "a", 1: "b", 2: "c"},
                                       epoch=0, version="0", date="2026-01-01T00:00:00"), tmp_path / "best.pt")
