@@ -19,8 +19,8 @@ from .blocks import ACTIVATIONS
 from .detector import Detector
 from .summary import log_summary
 from .yolocb.head import CLS_BRANCHES
-from .yolocb.model import FAMILY as YOLOCB_FAMILY
 from .yolocb.model import BODIES, YOLOCB, parse_yolocb_cfg
+from .yolocb.model import FAMILY as YOLOCB_FAMILY
 from .yolox.model import FAMILY as YOLOX_FAMILY
 from .yolox.model import YOLOX, parse_yolox_cfg
 
