@@ -111,6 +111,22 @@ TINY = dict(model="yolox-nano.yaml", imgsz=64, batch=8, epochs=1, workers=0, mos
 
 
 @pytest.fixture
+def yolocb_yaml(tmp_path):
+    """yolocb_yaml(key=value, ...): the path of a copy of the bundled yolocb-n.yaml with those keys set."""
+    import yaml
+
+    from yolo_cb.utils.paths import find_model_cfg
+
+    def write(**keys) -> Path:
+        data = {**yaml.safe_load(find_model_cfg("yolocb-n.yaml").read_text()), **keys}
+        path = tmp_path / f"yolocb-n-{'-'.join(str(v) for v in keys.values())}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write
+
+
+@pytest.fixture
 def tiny(tmp_path, shapes_small_yaml):
     """Keyword arguments for a tiny training run in tmp_path."""
     return {**TINY, "data": str(shapes_small_yaml), "project": str(tmp_path / "runs"), "name": "exp"}

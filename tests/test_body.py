@@ -6,34 +6,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn import build_model
-from yolo_cb.nn.yolocb.attention_body import AttentionCSP, ChainCSP, KernelCSP, PositionAttention
+from yolo_cb.nn.yolocb.attention_body import AttentionCSP, HalfBottleneck, KernelCSP, PositionAttention
 from yolo_cb.nn.yolocb.model import YOLOCB, parse_yolocb_cfg
-from yolo_cb.utils.paths import find_model_cfg
 
 NC = 3
 
 
-def _yaml(tmp_path, body):
-    data = yaml.safe_load(find_model_cfg("yolocb-n.yaml").read_text())
-    data["body"] = body
-    path = tmp_path / f"yolocb-n-{body}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def test_the_default_body_is_split_csp_and_older_records_read_as_it():
     model = build_model("yolocb-n", nc=NC, verbose=False)
-    assert model.cfg["body"] == "split_csp" and not any(isinstance(m, ChainCSP) for m in model.modules())
+    assert model.cfg["body"] == "split_csp" and not any(isinstance(m, (HalfBottleneck, KernelCSP)) for m in model.modules())
     record = {k: v for k, v in model.cfg.items() if k != "body"}  # a checkpoint written before the key
     assert parse_yolocb_cfg(record)["body"] == "split_csp"
 
 
-def test_c3k2_psa_has_yolo11s_map_widths_blocks_and_outputs(tmp_path):
-    model = build_model(_yaml(tmp_path, "c3k2_psa"), nc=NC, verbose=False).eval()
+def test_c3k2_psa_has_yolo11s_map_widths_blocks_and_outputs(yolocb_yaml):
+    model = build_model(yolocb_yaml(body="c3k2_psa"), nc=NC, verbose=False).eval()
     default = build_model("yolocb-n", nc=NC, verbose=False).eval()
     assert model.cfg["body"] == "c3k2_psa" and len(model.model) == len(default.model) == 12
     assert [branch[0].conv.in_channels for branch in model.head.box_branches] == [64, 128, 256]  # YOLO11n's P3-P5
@@ -49,24 +39,24 @@ def test_c3k2_psa_has_yolo11s_map_widths_blocks_and_outputs(tmp_path):
         assert torch.allclose(model(x), before, atol=1e-4)
 
 
-def test_c3k2_psa_trains_a_step(tmp_path):
-    model = build_model(_yaml(tmp_path, "c3k2_psa"), nc=NC, verbose=False).train()
+def test_c3k2_psa_trains_a_step(yolocb_yaml):
+    model = build_model(yolocb_yaml(body="c3k2_psa"), nc=NC, verbose=False).train()
     targets = torch.tensor([[0, 1, 32.0, 32.0, 20.0, 24.0]])  # image, class, cx, cy, w, h in input pixels
     losses = model.loss(model.head_outputs(torch.rand(1, 3, 64, 64)), targets)
     losses["total"].backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
-def test_an_unknown_body_is_refused(tmp_path):
+def test_an_unknown_body_is_refused(yolocb_yaml):
     with pytest.raises(ConfigError, match=r"body='c2f' is not one of split_csp, c3k2_psa"):
-        build_model(_yaml(tmp_path, "c2f"), nc=NC, verbose=False)
+        build_model(yolocb_yaml(body="c2f"), nc=NC, verbose=False)
     with pytest.raises(ValueError, match="unknown body 'c2f'"):
         YOLOCB(nc=NC, body="c2f")
 
 
-def test_c3k2_psa_exports_to_onnx_faithfully(tmp_path):
+def test_c3k2_psa_exports_to_onnx_faithfully(yolocb_yaml):
     """The attention's reshapes and matmuls convert: onnxruntime gives PyTorch's outputs on a 64 x 64 image."""
     from yolo_cb.integrations.onnx_check import onnx_roundtrip
 
-    model = build_model(_yaml(tmp_path, "c3k2_psa"), nc=NC, verbose=False)
+    model = build_model(yolocb_yaml(body="c3k2_psa"), nc=NC, verbose=False)
     assert onnx_roundtrip(model, torch.rand(1, 3, 64, 64), simplify=False)["max_err"] < 1e-3

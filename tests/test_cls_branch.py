@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn import build_model
 from yolo_cb.nn.blocks import DWConv
 from yolo_cb.nn.yolocb.head import DistributionHead
-from yolo_cb.utils.paths import find_model_cfg
 
 NC = 3
-
-
-def _yaml(tmp_path, cls_branch):
-    data = yaml.safe_load(find_model_cfg("yolocb-n.yaml").read_text())
-    data["cls_branch"] = cls_branch
-    path = tmp_path / f"yolocb-n-{cls_branch}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_the_bundled_yaml_keeps_the_full_branch():
@@ -30,9 +20,9 @@ def test_the_bundled_yaml_keeps_the_full_branch():
     assert not any(isinstance(m, DWConv) for m in model.head.cls_branches.modules())
 
 
-def test_depthwise_builds_from_a_yaml_with_fewer_parameters_and_the_same_outputs(tmp_path):
+def test_depthwise_builds_from_a_yaml_with_fewer_parameters_and_the_same_outputs(yolocb_yaml):
     full = build_model("yolocb-n", nc=NC, verbose=False).eval()
-    depthwise = build_model(_yaml(tmp_path, "depthwise"), nc=NC, verbose=False).eval()
+    depthwise = build_model(yolocb_yaml(cls_branch="depthwise"), nc=NC, verbose=False).eval()
     assert depthwise.cfg["cls_branch"] == "depthwise"
     assert all(isinstance(branch[0], DWConv) and isinstance(branch[1], DWConv) for branch in depthwise.head.cls_branches)
     assert all(not isinstance(branch[0], DWConv) for branch in depthwise.head.box_branches)  # the box branch is unchanged
@@ -50,8 +40,8 @@ def test_the_class_bias_prior_is_set_on_both_kinds():
         assert all(torch.all(branch[-1].bias < -5) for branch in head.cls_branches), kind
 
 
-def test_an_unknown_cls_branch_is_refused(tmp_path):
+def test_an_unknown_cls_branch_is_refused(yolocb_yaml):
     with pytest.raises(ConfigError, match=r"cls_branch='dw' is not one of full, depthwise"):
-        build_model(_yaml(tmp_path, "dw"), nc=NC, verbose=False)
+        build_model(yolocb_yaml(cls_branch="dw"), nc=NC, verbose=False)
     with pytest.raises(ValueError, match="unknown cls_branch 'dw'"):
         DistributionHead(NC, (64, 128, 256), cls_branch="dw")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..blocks import ConvBNAct
-from .backbone import FastSPP, ResidualBottleneck, scaled_channels, scaled_depth
+from .backbone import FastSPP, ResidualBottleneck, SplitCSP, scaled_channels, scaled_depth
 
 BLOCK_REPEATS = 2  # chain links in every block at depth multiplier 1.0
 EARLY_SPLIT = 0.25  # the stride-4 and stride-8 blocks' halves, as a fraction of their output channels
@@ -60,23 +60,11 @@ class KernelCSP(nn.Module):
         return self.conv3(torch.cat((self.m(self.conv1(x)), self.conv2(x)), dim=1))
 
 
-class ChainCSP(nn.Module):
-    """The split-CSP of this body: 1x1 into halves of `split` x c_out channels; the second runs n links in a chain (thin
-    bottlenecks, or KernelCSP blocks with `kernel_csp`); every output concatenated, then 1x1."""
-
-    def __init__(self, c_in: int, c_out: int, n: int = 1, kernel_csp: bool = False, split: float = 0.5, act: str = "silu"):
-        super().__init__()
-        self.hidden = int(c_out * split)
-        self.project = ConvBNAct(c_in, 2 * self.hidden, 1, 1, act=act)
-        link = (lambda: KernelCSP(self.hidden, True, act)) if kernel_csp else (lambda: HalfBottleneck(self.hidden, True, act))
-        self.blocks = nn.ModuleList(link() for _ in range(n))
-        self.fuse_conv = ConvBNAct((2 + n) * self.hidden, c_out, 1, 1, act=act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = list(self.project(x).split(self.hidden, dim=1))
-        for block in self.blocks:
-            parts.append(block(parts[-1]))
-        return self.fuse_conv(torch.cat(parts, dim=1))
+def chain_csp(c_in: int, c_out: int, n: int, kernel_csp: bool, split: float, act: str) -> SplitCSP:
+    """The split-CSP of this body: halves of `split` x c_out channels; the chain's links are thin bottlenecks, or
+    KernelCSP blocks with `kernel_csp`."""
+    link = (lambda c: KernelCSP(c, True, act)) if kernel_csp else (lambda c: HalfBottleneck(c, True, act))
+    return SplitCSP(c_in, c_out, n, act=act, split=split, link=link)
 
 
 class PositionAttention(nn.Module):
@@ -131,11 +119,11 @@ def attention_body_layers(depth: float, width: float, max_channels: int, act: st
         return ConvBNAct(c_in, c_out, 3, 2, act=act)
 
     backbone = [down(3, c1),
-                nn.Sequential(down(c1, c2), ChainCSP(c2, c3, n, False, EARLY_SPLIT, act)),
-                nn.Sequential(down(c3, c3), ChainCSP(c3, p3, n, False, EARLY_SPLIT, act)),
-                nn.Sequential(down(p3, c4), ChainCSP(c4, p4, n, True, 0.5, act)),
-                nn.Sequential(down(p4, c5), ChainCSP(c5, p5, n, True, 0.5, act), FastSPP(p5, p5, act=act), AttentionCSP(p5, n, act))]
+                nn.Sequential(down(c1, c2), chain_csp(c2, c3, n, False, EARLY_SPLIT, act)),
+                nn.Sequential(down(c3, c3), chain_csp(c3, p3, n, False, EARLY_SPLIT, act)),
+                nn.Sequential(down(p3, c4), chain_csp(c4, p4, n, True, 0.5, act)),
+                nn.Sequential(down(p4, c5), chain_csp(c5, p5, n, True, 0.5, act), FastSPP(p5, p5, act=act), AttentionCSP(p5, n, act))]
     top4, top3 = c4, c3  # the neck's top-down widths (YOLO11's head: 512 and 256 before the multiplier)
-    neck = [ChainCSP(p5 + p4, top4, n, False, 0.5, act), ChainCSP(top4 + p3, top3, n, False, 0.5, act), down(top3, top3),
-            ChainCSP(top3 + top4, top4, n, False, 0.5, act), down(top4, top4), ChainCSP(top4 + p5, p5, n, True, 0.5, act)]
+    neck = [chain_csp(p5 + p4, top4, n, False, 0.5, act), chain_csp(top4 + p3, top3, n, False, 0.5, act), down(top3, top3),
+            chain_csp(top3 + top4, top4, n, False, 0.5, act), down(top4, top4), chain_csp(top4 + p5, p5, n, True, 0.5, act)]
     return backbone + neck, (top3, top4, p5)

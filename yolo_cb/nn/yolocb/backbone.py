@@ -9,6 +9,7 @@ bottlenecks, and every intermediate output of the chain is concatenated (many sh
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,13 +50,18 @@ class ResidualBottleneck(nn.Module):
 
 
 class SplitCSP(nn.Module):
-    """1x1 projection split into halves a, b; b runs n bottlenecks in a chain; [a, b, b1, ..., bn] concatenated, then 1x1."""
+    """1x1 projection split into halves a, b; b runs n bottlenecks in a chain; [a, b, b1, ..., bn] concatenated, then 1x1.
 
-    def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = True, act: str = "silu"):
+    `split`: each half's channels as a fraction of c_out; `link`: makes one link of the chain from the half's channels
+    (None: a ResidualBottleneck)."""
+
+    def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = True, act: str = "silu", split: float = SPLIT_RATIO,
+                 link: Callable[[int], nn.Module] | None = None):
         super().__init__()
-        self.hidden = int(c_out * SPLIT_RATIO)
+        self.hidden = int(c_out * split)
         self.project = ConvBNAct(c_in, 2 * self.hidden, 1, 1, act=act)
-        self.blocks = nn.ModuleList(ResidualBottleneck(self.hidden, shortcut, act) for _ in range(n))
+        link = link or (lambda channels: ResidualBottleneck(channels, shortcut, act))
+        self.blocks = nn.ModuleList(link(self.hidden) for _ in range(n))
         self.fuse_conv = ConvBNAct((2 + n) * self.hidden, c_out, 1, 1, act=act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
