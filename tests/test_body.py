@@ -13,6 +13,7 @@ from yolo_cb.nn.yolocb.attention_body import AttentionCSP, HalfBottleneck, Kerne
 from yolo_cb.nn.yolocb.model import YOLOCB, parse_yolocb_cfg
 
 NC = 3
+FINGERPRINT_0AE5E97 = 10586.740920942782  # sum of the bundled yolocb-n state (nc 3) under torch.manual_seed(0), at 0ae5e97
 
 
 def test_the_default_body_is_split_csp_and_older_records_read_as_it():
@@ -60,3 +61,12 @@ def test_c3k2_psa_exports_to_onnx_faithfully(yolocb_yaml):
 
     model = build_model(yolocb_yaml(body="c3k2_psa"), nc=NC, verbose=False)
     assert onnx_roundtrip(model, torch.rand(1, 3, 64, 64), simplify=False)["max_err"] < 1e-3
+
+
+def test_a_seed_draws_the_default_models_weights_of_before_the_body_key():
+    """The split_csp body makes its layers in the order it always did (head before neck), so a seeded run starts from
+    the weights it started from before `body:` existed (the state's sum under torch.manual_seed(0), nc 3, at 0ae5e97)."""
+    torch.manual_seed(0)
+    model = build_model("yolocb-n", nc=NC, verbose=False)
+    total = sum(float(v.double().sum()) for v in model.state_dict().values() if v.is_floating_point())
+    assert total == pytest.approx(FINGERPRINT_0AE5E97, abs=1e-6)

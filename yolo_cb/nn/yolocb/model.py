@@ -60,12 +60,13 @@ class YOLOCB(Detector):
             raise ValueError(f"unknown body '{body}' (expected {' or '.join(BODIES)})")
         super().__init__({"family": FAMILY, "depth": float(depth), "width": float(width), "max_channels": int(max_channels),
                           "reg_max": int(reg_max), "act": str(act), "cls_branch": str(cls_branch), "body": str(body), "nc": int(nc)}, name)
-        if body == "split_csp":
+        if body == "split_csp":  # the head is made before the neck, as before the body key: a seed draws the same weights
             backbone, channels = backbone_layers(depth, width, int(max_channels), act)
+            head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES, str(cls_branch))
             layers = [*backbone, *neck_layers(channels, depth, act)]
         else:
             layers, channels = attention_body_layers(depth, width, int(max_channels), act)
-        head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES, str(cls_branch))
+            head = DistributionHead(self.nc, channels, int(reg_max), act, STRIDES, str(cls_branch))
         self.model = nn.ModuleList([*layers, head])
         self.register_load_state_dict_pre_hook(_old_keys_renamed)
         self.build_loss()
