@@ -280,9 +280,7 @@ class DetectionTrainer(Trainer):
         if plan.finished is not None:
             raise ConfigError(f"{plan.resume_path} is from a finished run: there is nothing to resume. YOLO('{plan.resume_path}')"
                               f".train(resume=True) says what it holds; to train further start a new run from it (model={plan.resume_path})")
-        if plan.launches_workers:
-            raise ConfigError("DetectionTrainer(overrides=...) cannot launch DDP workers itself (nproc / a device list > 1): use "
-                              "YOLO(model).train(...), which does, or run your script under torchrun")
+        # a self-launched DDP run is refused by the plan: its workers build the standard Trainer, not this class
         super().__init__(plan.args, callbacks=plan.callbacks, model=plan.start, resume=plan.checkpoint)
 
 
