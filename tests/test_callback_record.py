@@ -12,6 +12,7 @@ import pytest
 
 from yolo_cb import YOLO
 from yolo_cb.callbacks.dispatch import CallbackError
+from yolo_cb.checkpoints.checkpoint import load_checkpoint
 from yolo_cb.training.run_state import PHASES
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,7 @@ TINY = dict(model="yolox-nano.yaml", imgsz=64, batch=8, workers=0, mosaic=0.0, m
 
 
 class History:
-    """State updated in on_fit_epoch_end, after the saver wrote last.pt (before on_model_save)."""
+    """State updated in on_fit_epoch_end, after the epoch's files were written and on_model_save fired."""
 
     def __init__(self):
         self.epochs: list[int] = []
@@ -41,27 +42,41 @@ def stopped_and_resumed(tmp_path_factory, shapes_small_yaml):
     """A 4-epoch run stopped after epoch 2 (strict_callbacks on: every user callback ran), then resumed."""
     root = tmp_path_factory.mktemp("record")
     run = {**TINY, "data": str(shapes_small_yaml), "project": str(root / "runs"), "name": "exp", "epochs": 4, "strict_callbacks": True}
-    batches = []
+    batches, saved_history = [], {}
 
     def count_batches(trainer):  # a closure: in the record under its name
         batches.append(trainer.batch_i)
 
+    def read_last_pt(trainer):  # what last.pt holds when the next epoch starts
+        if trainer.epoch > 0:
+            saved_history[trainer.epoch] = load_checkpoint(trainer.last).callbacks["history"]["epochs"]
+
     first = YOLO("yolox-nano.yaml")
     first.add_callbacks(History(), name="history")
     first.add_callback("on_train_batch_end", count_batches)
+    first.add_callback("on_train_epoch_start", read_last_pt)
     first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", t.epoch == 1), name="stop_after_two")
     first.train(**run)
     folder = root / "runs" / "exp"
     record_before = json.loads((folder / "callbacks.json").read_text())
+    closing_history = load_checkpoint(folder / "weights" / "last.pt").callbacks["history"]["epochs"]
     second = YOLO("yolox-nano.yaml")
     history = History()
     second.add_callbacks(history, name="history")
     second.train(resume=str(folder / "weights" / "last.pt"))
-    return {"folder": folder, "history": history, "record": record_before, "batches": batches}
+    return {"folder": folder, "history": history, "record": record_before, "batches": batches, "saved_history": saved_history,
+            "closing_history": closing_history}
 
 
 def test_state_updated_in_on_fit_epoch_end_survives_a_resume(stopped_and_resumed):
     assert stopped_and_resumed["history"].epochs == [0, 1, 2, 3]
+
+
+def test_last_pt_is_written_once_per_epoch_and_once_as_the_run_ends(stopped_and_resumed):
+    """No rewrite after on_fit_epoch_end: epoch 2 starts from epoch 1's files, written before History's update; the loop's
+    closing last.pt (the run stopped after epoch 2) has both updates."""
+    assert stopped_and_resumed["saved_history"] == {1: []}
+    assert stopped_and_resumed["closing_history"] == [0, 1]
 
 
 def test_callbacks_json_records_every_callback(stopped_and_resumed):

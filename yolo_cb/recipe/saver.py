@@ -6,9 +6,10 @@ epoch{N}.pt every save_period and after each epoch of save_epochs, top-k best_ep
 initial.pt before the first epoch (save_initial). An epoch's checkpoint is serialized and written (fsync) once, as
 last.pt; best.pt, epoch{N}.pt and best_epoch{N}.pt of that epoch are hard links of it (copies where links fail).
 
-The files are written before on_model_save fires. A callback that changes state after that (its state_dict in
-on_fit_epoch_end, or an LR there) has last.pt written again after on_fit_epoch_end (`keep_up`), so a resume does not lose
-that epoch's update: Ultralytics' order fires on_model_save before on_fit_epoch_end, so no order of writes avoids it.
+The files are written before on_model_save fires (Ultralytics' order), so what a callback changes later (its
+state_dict in on_fit_epoch_end, or an LR there) goes into the next epoch's files, and when the loop ends into the
+closing last.pt (`save_closing`), the loop's last step: a run that stops, or ends, keeps every epoch's update; a kill
+in between loses only what changed since the last checkpoint.
 
 results.csv has one row per epoch (epoch, time, train losses, metrics, val losses, LRs), added before the checkpoint and
 stored in it, so a run killed right after last.pt still has its rows, and a resume rewrites results.csv from them (a
@@ -17,14 +18,11 @@ kill may have cut the file short).
 
 from __future__ import annotations
 
-import copy
 import csv
 import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
-
-import torch
 
 from yolo_cb.checkpoints.checkpoint import save_checkpoint
 from yolo_cb.utils.files import atomic_link, atomic_write_text
@@ -45,7 +43,6 @@ class Saver:
     def __init__(self, args: Any):
         self.args = args
         self.topk: list[tuple[float, int]] = []  # (monitored value, epoch) of the kept best_epoch{N}.pt files
-        self.saved_state: Any = None  # the callbacks' and recipe's state as this epoch's last.pt holds it
 
     @property
     def active(self) -> bool:
@@ -58,8 +55,8 @@ class Saver:
         """save_steps: a mid-epoch last.pt, from which a resume continues after this batch."""
         save_checkpoint(ckpt, Path(wdir) / "last.pt")
 
-    def save_epoch(self, ckpt: bytes, wdir: Path, outcome: EpochOutcome, best_first: Callable[[float], Any], state: Any) -> None:
-        """last.pt, then the epoch's other files as hard links of it; `state` is what keep_up compares with later."""
+    def save_epoch(self, ckpt: bytes, wdir: Path, outcome: EpochOutcome, best_first: Callable[[float], Any]) -> None:
+        """last.pt, then the epoch's other files as hard links of it."""
         wdir, n = Path(wdir), outcome.epoch + 1
         last = wdir / "last.pt"
         save_checkpoint(ckpt, last)
@@ -71,15 +68,10 @@ class Saver:
             copies.append(f"best_epoch{n}.pt")
         for name in copies:
             atomic_link(last, wdir / name, ckpt)
-        self.saved_state = copy.deepcopy(state)
 
-    def keep_up(self, state: Any, checkpoint: Callable[[], bytes], wdir: Path) -> bool:
-        """After on_fit_epoch_end: write last.pt again when a callback changed `state` since the epoch's save (True)."""
-        saved, self.saved_state = self.saved_state, None
-        if saved is None or same_state(state, saved):
-            return False
-        save_checkpoint(checkpoint(), Path(wdir) / "last.pt")
-        return True
+    def save_closing(self, ckpt: bytes, wdir: Path) -> None:
+        """The loop's last step: last.pt as the run ends (after the last on_fit_epoch_end); the epoch's links keep theirs."""
+        save_checkpoint(ckpt, Path(wdir) / "last.pt")
 
     def _keep_topk(self, wdir: Path, outcome: EpochOutcome, best_first: Callable[[float], Any]) -> bool:
         """Update the top-k list, deleting the files that left it; whether this epoch's best_epoch{N}.pt is to be written."""
@@ -100,17 +92,6 @@ class Saver:
 
     def load_state_dict(self, state: dict) -> None:
         self.topk = [(float(f), int(e)) for f, e in state.get("topk", [])]
-
-
-def same_state(a, b) -> bool:
-    """Equality of two state dicts that may hold tensors."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b
 
 
 class ResultsLog:

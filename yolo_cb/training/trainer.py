@@ -139,8 +139,6 @@ class Trainer(TrainerSurface):
             self.state.progress.completed_epoch, self.state.progress.stepped = epoch, False
             self._validate_and_save()
             self.run_callbacks("on_fit_epoch_end")
-            if self.is_main and self.recipe.saver.active:  # a callback's state changed since the save: last.pt again
-                self.recipe.saver.keep_up(self._saved_state(), self._checkpoint_bytes, self.wdir)
             if self._agree_to_stop():
                 self._raise_on_signal()
                 LOGGER.info(f"stopping after epoch {epoch + 1}: {self.stop_reason or 'trainer.stop was set'}")
@@ -149,6 +147,8 @@ class Trainer(TrainerSurface):
                 break
             self.run_callbacks("on_params_update")  # the LR schedule set the next epoch's LR before the checkpoint
         self.state.progress.loop_done = True
+        if self.is_main and self.recipe.saver.active and self.completed_epoch >= self.start_epoch:  # an epoch ran here
+            self.recipe.saver.save_closing(self._checkpoint_bytes(), self.wdir)  # with on_fit_epoch_end's changes
 
     def _finish(self) -> None:
         """Validate best.pt on rank 0, share the metrics, on_train_end (a signal during either still exits 130 / 143)."""
@@ -311,14 +311,11 @@ class Trainer(TrainerSurface):
         """This epoch's checkpoint files (recipe/saver.py): last.pt, best.pt when improved, epoch / top-k copies."""
         if self.is_main and self.recipe.saver.active:
             outcome = EpochOutcome(self.epoch, self.improved, self.monitor_value if self.validated_this_epoch else None)
-            self.recipe.saver.save_epoch(self._checkpoint_bytes(), self.wdir, outcome, self.recipe.monitor.best_first, self._saved_state())
+            self.recipe.saver.save_epoch(self._checkpoint_bytes(), self.wdir, outcome, self.recipe.monitor.best_first)
 
     def plot_metrics(self) -> None:
         """results.png from results.csv."""
         plot_results(Path(self.save_dir) / "results.csv")
-
-    def _saved_state(self) -> dict:
-        return {"callbacks": self.callbacks.state_dict(), "recipe": self.recipe.state_dict()}
 
     # --- validation and saving ------------------------------------------------------------
     def _should_validate(self) -> bool:
