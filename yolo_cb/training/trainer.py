@@ -148,7 +148,7 @@ class Trainer(TrainerSurface):
             self.run_callbacks("on_params_update")  # the LR schedule set the next epoch's LR before the checkpoint
         self.state.progress.loop_done = True
         if self.is_main and self.recipe.saver.active and self.completed_epoch >= self.start_epoch:  # an epoch ran here
-            self.recipe.saver.save_closing(self._checkpoint_bytes(), self.wdir)  # with on_fit_epoch_end's changes
+            self.recipe.saver.save_closing(self._checkpoint_bytes, self.wdir)  # with on_fit_epoch_end's changes
 
     def _finish(self) -> None:
         """Validate best.pt on rank 0, share the metrics, on_train_end (a signal during either still exits 130 / 143)."""
