@@ -75,13 +75,14 @@ def loader_part(spec: dict, result: Result) -> None:
             images, seconds = time_loader(loader, spec["loader_batches"])
             loader.reset_workers()
             result.add({"config": config, "status": "ok", "ips": images / seconds, "images": images, "seconds": seconds,
-                        "pinned": bool(spec["cuda"])})
+                        "pinned": bool(spec["cuda"]), "workers": workers})
         except Exception as error:  # one worker count failing must not hide the others
             result.add(error_row(config, error))
 
 
-def time_loader(loader, batches: int) -> tuple[int, float]:
-    """(images, seconds) over `batches` batches after the first (the workers' start is not the pipeline's rate)."""
+def time_loader(loader, batches: int, files_key: str = "im_files") -> tuple[int, float]:
+    """(images, seconds) over `batches` batches after the first (the workers' start is not the pipeline's rate);
+    `files_key`: the batch's list of image files (Ultralytics' loader calls it im_file)."""
     iterator = iter(loader)
     next(iterator)
     images, start = 0, time.perf_counter()
@@ -91,7 +92,7 @@ def time_loader(loader, batches: int) -> tuple[int, float]:
         except StopIteration:
             iterator = iter(loader)
             batch = next(iterator)
-        images += len(batch["im_files"])
+        images += len(batch[files_key])
     return images, time.perf_counter() - start
 
 

@@ -16,11 +16,14 @@ def ratios(report: dict) -> None:
     ours = next((r["ips"] for r in ok_rows(report, "train") if r["config"] == BASE_CONFIG and r.get("ips")), None)
     versus = {}
     for row in ok_rows(report, "ultralytics"):
-        if ours and row.get("ips"):
+        if ours and row.get("ips") and row.get("kind") != "loader":
             row["ratio"] = ours / row["ips"]
             versus[row["model"]] = row["ratio"]
     loader = [r["ips"] for r in ok_rows(report, "loader") if r.get("ips")]
+    theirs = {r["workers"]: r["ips"] for r in ok_rows(report, "ultralytics") if r.get("kind") == "loader" and r.get("ips")}
+    loader_vs = {r["workers"]: r["ips"] / theirs[r["workers"]] for r in ok_rows(report, "loader") if r.get("workers") in theirs}
     report["summary"] = {"ours_ips": ours, "ratio_vs": versus, "ratio_goal": RATIO_GOAL, "loader_best_ips": max(loader) if loader else None,
+                         "loader_ratio_vs_ultralytics": loader_vs,
                          "loader_goal": LOADER_GOAL,
                          "parts_ok": [n for n, p in report["parts"].items() if p["status"] == "ok"],
                          "parts_failed": {n: p["status"] for n, p in report["parts"].items() if p["status"] != "ok"}}
@@ -69,5 +72,7 @@ def markdown(report: dict) -> str:
     versus = ", ".join(f"{k}: {v:.2f}x" for k, v in s.get("ratio_vs", {}).items()) or "no Ultralytics figure"
     lines += ["", f"Ours (amp only) as a ratio of Ultralytics' train images/s: {versus} (goal >= {RATIO_GOAL}x). "
               f"Best loader images/s: {fmt(s.get('loader_best_ips'))} (goal >= {LOADER_GOAL:.0f} at 640 on 16 cores). "
-              f"Part times (s): " + ", ".join(f"{n} {p['seconds']}" for n, p in report["parts"].items()), ""]
+              f"Our loader over Ultralytics' per worker count: "
+              + (", ".join(f"{w}: {v:.2f}x" for w, v in s.get("loader_ratio_vs_ultralytics", {}).items()) or "no Ultralytics figure") + ". "
+              "Part times (s): " + ", ".join(f"{n} {p['seconds']}" for n, p in report["parts"].items()), ""]
     return "\n".join(lines)

@@ -143,6 +143,7 @@ def ultralytics_rows(spec: dict, result, error_row) -> None:
             result.add({"config": name, "status": "unavailable", "note": f"ultralytics is not importable here ({error})"})
         return
     settings = spec["ultralytics_settings"]
+    ultralytics_loader_rows(spec, result, error_row, ultralytics.__version__)
     for name in ULTRALYTICS_MODELS:
         config = f"{name} amp={'on' if settings['amp'] else 'off'} (ultralytics {ultralytics.__version__})"
         if out_of_time(spec, result, config, error_row):
@@ -157,3 +158,27 @@ def ultralytics_rows(spec: dict, result, error_row) -> None:
             continue
         result.add({"config": config, "status": "ok", **meter.figures(), "seconds": time.perf_counter() - start,
                     "lib": "ultralytics", "model": name})
+
+
+def ultralytics_loader_rows(spec: dict, result, error_row, version: str) -> None:
+    """Ultralytics' train loader alone with the loader part's settings (mosaic, cache=ram, batch, worker counts), timed as
+    ours is (benchmarks/gpu_parts.time_loader): images/s per worker count, beside our loader's rows."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    from benchmarks.gpu_parts import time_loader
+
+    settings = spec["ultralytics_settings"]
+    data = check_det_dataset(settings["data"])
+    for workers in spec["loader_workers"]:
+        config = f"loader workers={workers} cache=ram mosaic=1.0 batch={spec['batch']} (ultralytics {version})"
+        try:
+            cfg = get_cfg(overrides={**settings, "workers": workers, "mosaic": 1.0})
+            dataset = build_yolo_dataset(cfg, data["train"], spec["batch"], data, mode="train")
+            loader = build_dataloader(dataset, spec["batch"], workers, shuffle=True)
+            images, seconds = time_loader(loader, spec["loader_batches"], files_key="im_file")
+            result.add({"config": config, "status": "ok", "ips": images / seconds, "images": images, "seconds": seconds,
+                        "kind": "loader", "workers": workers, "lib": "ultralytics"})
+        except Exception as error:  # one worker count failing must not hide the others
+            result.add(error_row(config, error))
