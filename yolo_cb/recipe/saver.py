@@ -69,14 +69,12 @@ class Saver:
         for name in copies:
             atomic_link(last, wdir / name, ckpt)
 
-    def save_closing(self, checkpoint: Callable[[], bytes], wdir: Path) -> bool:
+    def save_closing(self, checkpoint: Callable[[], bytes], wdir: Path) -> None:
         """The loop's last step: the epochs' last.pt again as the run ends (after the last on_fit_epoch_end), when an epoch
         wrote one (a save_model override may write none); the epoch's links keep theirs."""
         last = Path(wdir) / "last.pt"
-        if not last.is_file():
-            return False
-        save_checkpoint(checkpoint(), last)
-        return True
+        if last.is_file():
+            save_checkpoint(checkpoint(), last)
 
     def _keep_topk(self, wdir: Path, outcome: EpochOutcome, best_first: Callable[[float], Any]) -> bool:
         """Update the top-k list, deleting the files that left it; whether this epoch's best_epoch{N}.pt is to be written."""
