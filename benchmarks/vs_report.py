@@ -54,6 +54,8 @@ def markdown(recipe: str, runs: list[dict]) -> str:
             c = next((c for c in r.get("curve") or [] if c["epoch"] == e), None)
             cells += [f"{c['map']:.3f}", f"{c['t']:.0f}"] if c else ["", ""]
         out.append(f"| {e} | " + " | ".join(cells) + " |")
+    if any(r.get("judged") for r in runs):
+        out += judged_table(runs, heads, n)
     out += ["", "| | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]
     out.append("| seconds per epoch (train + val) | " + " | ".join(per_epoch(r, "t") for r in runs) + " |")
     out.append("| seconds per epoch (train only) | " + " | ".join(per_epoch(r, "train_s") for r in runs) + " |")
@@ -74,6 +76,21 @@ def markdown(recipe: str, runs: list[dict]) -> str:
     return "\n".join(out)
 
 
+
+
+def judged_table(runs: list[dict], heads: list[str], n: int) -> list[str]:
+    """Both sides' epochs by one yardstick (--judge): pycocotools' mAP50-95 of each validation's detections, beside the
+    mAP50-95 each library reported."""
+    out = ["", "By one yardstick (`--judge`): pycocotools' COCOeval of the same validations (reported by the library -> "
+           "pycocotools)", "", "| epoch | " + " | ".join(heads) + " |", "|---:|" + "---:|" * len(runs)]
+    for e in range(1, n + 1):
+        cells = []
+        for r in runs:
+            own = next((c["map"] for c in r.get("curve") or [] if c["epoch"] == e), None)
+            judged = (r.get("judged") or {}).get(e) or (r.get("judged") or {}).get(str(e))
+            cells.append(f"{own:.3f} -> **{judged[0]:.3f}**" if own is not None and judged else "")
+        out.append(f"| {e} | " + " | ".join(cells) + " |")
+    return out
 
 
 def report(a, recipes, results, cores, concurrent, epochs, imgsz, out, t_all) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: benchmarks/ itself is not on the path as a package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.coco_judge import judge_group  # noqa: E402
 from benchmarks.vs_report import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,10 +179,18 @@ def worker(spec_path: Path) -> None:
         score = float(trainer.metrics.get(MAP_KEY, float("nan")))
         curve.append({"epoch": epoch, "t": round(time.perf_counter() - state["t0"], 2), "map": round(score, 4),
                       "train_s": round(state.get("train_s", float("nan")), 2)})
+        if capture is not None:
+            capture.dump(epoch)  # after the clock is read: the judge's file is not part of the epoch's time
         print(f"VSU epoch {epoch}/{epochs} t={curve[-1]['t']:.1f}s train={curve[-1]['train_s']:.1f}s {MAP_KEY}={score:.4f}",
               flush=True)
 
     model = YOLO(spec["model"])
+    capture = None
+    if spec.get("judge"):  # --judge: keep each validation's detections for pycocotools (benchmarks/coco_judge.py)
+        from benchmarks.coco_judge import PredictionCapture
+
+        capture = PredictionCapture(Path(spec["judge"]))
+        capture.install(lib, model, spec["settings"])
     for fn in (on_pretrain_routine_start, on_train_start, on_train_epoch_start, on_train_epoch_end, on_fit_epoch_end):
         model.add_callback(fn.__name__, fn)
     model.train(data=spec["data"], project=spec["project"], name="run", exist_ok=True, **spec["settings"])
@@ -266,6 +275,8 @@ def main() -> None:
     ap.add_argument("--cores", default=None, help="CPU cores to use, e.g. 0,1 (default: all this process may use)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "vs_ultralytics")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, imgsz 64, 32 train / 16 val images")
+    ap.add_argument("--judge", action="store_true", help="also score every epoch of both sides with pycocotools, from the "
+                    "detections of each side's own validation (benchmarks/coco_judge.py; Ultralytics' then runs with save_json)")
     a = ap.parse_args()
     if a.worker:
         return worker(a.worker)
@@ -321,7 +332,8 @@ def run_all(a, recipes, groups, cores, concurrent, epochs, imgsz, out, tmp, resu
                 data = dataset_view(work / "data", a.quick, source=a.data)
                 spec = {"lib": lib, "model": model, "data": str(data), "project": str(out / recipe / tag),
                         "settings": {**recipe_settings(lib, recipe, epochs, imgsz), **extra},
-                        "core": cores[si % len(cores)], "result": str(work / "result.json")}
+                        "core": cores[si % len(cores)], "result": str(work / "result.json"),
+                        "judge": str(out / recipe / tag / "judged") if a.judge else None}
                 (work / "spec.json").write_text(json.dumps(spec, indent=1))
                 (out / recipe).mkdir(parents=True, exist_ok=True)
                 title = f"yolo-cb {stem}" if lib == "yolo_cb" else f"Ultralytics {stem}" + (f" (beside {', '.join(models)})" if len(groups) > 1 else "")
@@ -340,6 +352,8 @@ def run_all(a, recipes, groups, cores, concurrent, epochs, imgsz, out, tmp, resu
                     tail = Path(job["log"]).read_text(errors="replace").splitlines()[-25:]
                     print(f"  {job['label']} FAILED (rc {job['rc']}); last lines of {job['log']}:\n    " + "\n    ".join(tail))
                 results["runs"].append(run)
+            if a.judge:
+                judge_group(a.ours_python, data, jobs, results["runs"][-len(jobs):])
             (out / "results.json").write_text(json.dumps(results, indent=1))
 
 
