@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
 from yolo_cb.settings.config import ConfigError, coerce, get_config
-from yolo_cb.settings.schema import KINDS, RULES, load_defaults, schema
+from yolo_cb.settings.schema import KINDS, RULES, Settings, load_defaults, schema
 
 SETTINGS = Path(__file__).resolve().parents[1] / "yolo_cb" / "settings"
 
@@ -54,3 +56,36 @@ def test_coerce_is_short_functions():
     long = {f"{m.name}:{node.name}": node.end_lineno - node.lineno + 1 for m in modules for node in ast.walk(ast.parse(m.read_text()))
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60}
     assert not long
+
+
+def _holds(value, hint) -> bool:
+    """Whether `value` is of the annotated type `hint` (int, float, bool, str, list[...], unions, None, Any), strictly: a
+    bool is no int and an int no float, since a resolved setting holds exactly its coerced type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_holds(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_holds(v, args[0]) for v in value)
+    return type(value) is hint
+
+
+TYPED_RUNS = [{}, {"mode": "val"}, {"mode": "predict", "classes": "0,2"}, {"mode": "export", "format": "openvino", "int8": True},
+              {"freeze": 3, "save_epochs": "1,5", "time": 2, "cache": True, "device": "0,1", "pretrained": "w.pt",
+               "callback_modules": "json", "lr0": 1, "compile": "default", "unfreeze_epoch": 2, "seed": "7"},
+              {"freeze": "backbone", "onnx_check": "strict", "per_class": True, "resume": True, "conf": 0}]
+
+
+@pytest.mark.parametrize("overrides", TYPED_RUNS)
+def test_every_resolved_setting_has_the_type_its_annotation_says(overrides):
+    """Config is a Settings: args.<key> is typed by Settings' annotations; they must tell the truth about what resolution
+    gives, so that a type checker reading them is right."""
+    hints = typing.get_type_hints(Settings)
+    assert list(hints) == list(RULES)
+    config = get_config(overrides)
+    assert isinstance(config, Settings)
+    wrong = {key: (getattr(config, key), hints[key]) for key in RULES if not _holds(getattr(config, key), hints[key])}
+    assert not wrong

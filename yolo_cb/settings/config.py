@@ -16,7 +16,7 @@ import yaml
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
-from yolo_cb.settings.schema import describe_settings, load_defaults
+from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
 from yolo_cb.settings.ultralytics_keys import unknown_key_message
 from yolo_cb.settings.user import load_user_settings
 from yolo_cb.settings.values import (  # noqa: F401
@@ -39,9 +39,9 @@ __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_setti
            "save_config"]
 
 
-class Config(SimpleNamespace):
-    """The resolved settings; attribute access (args.epochs) and dict conversion. Structured settings are typed values
-    (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
+class Config(Settings, SimpleNamespace):
+    """The resolved settings; attribute access (args.epochs, typed by `Settings`' annotations) and dict conversion.
+    Structured settings are typed values (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
     it) and its parsed form (yolo_cb.settings.lr_settings.parsed) in a slot, outside the settings."""
 
     __slots__ = ("_lr_scheduler", "_sealed")

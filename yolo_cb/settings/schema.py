@@ -1,7 +1,8 @@
-"""The schema of every setting: its kind, range or choices, and whether a resume may change it.
+"""The schema of every setting: its type once resolved, its kind, range or choices, and whether a resume may change it.
 
 The default and the one-line meaning of each setting are read from cfg/default.yaml (the single source of defaults: a
-setting's value there, its comment there); this module adds the rules. `yolo_cb.settings.config` types and checks values by
+setting's value there, its comment there); this module adds, in `class Settings`, one annotated line per setting: its
+type (what `args.<key>` holds: a resolved Config is a Settings) and its rule (`RULES` is read from those lines). `yolo_cb.settings.config` types and checks values by
 dispatching on `Setting.kind`; the resume checks (`RESUME_MUTABLE` in yolo_cb/settings/resume.py and in
 yolo_cb/tune/tuner.py) are derived from the `resume` and `tune_resume` flags here. tests/test_settings_schema.py checks
 that cfg/default.yaml and this table name the same keys, and that every default is valid for its kind.
@@ -19,13 +20,13 @@ import os
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
 import yaml
 
 from yolo_cb.utils.paths import DEFAULT_CFG
 
-__all__ = ["KINDS", "MAX_IMGSZ", "RULES", "Setting", "describe_settings", "load_defaults", "schema", "settings_of_kind", "usable_cpus"]
+__all__ = ["KINDS", "MAX_IMGSZ", "RULES", "Setting", "Settings", "describe_settings", "load_defaults", "schema", "settings_of_kind", "usable_cpus"]
 
 KINDS = ("int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "text", "device", "free", "any", "metric",
          "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler", "procs")
@@ -76,59 +77,157 @@ def _k(kind: str, **kw) -> Setting:
 
 R, T, RT = {"resume": True}, {"tune_resume": True}, {"resume": True, "tune_resume": True}  # who may change it on resume
 
-# Every setting of cfg/default.yaml, in its order.
-RULES: dict[str, Setting] = {
+
+class Settings:
+    """Every setting of cfg/default.yaml, in its order, with the type its value has once resolved (what `args.<key>`
+    holds: `yolo_cb.settings.config.Config` is a Settings) and its rule (a Setting: kind, range or choices, whether a
+    resume may change it). Only annotations: a value lives in a Config, its default in cfg/default.yaml."""
+
     # what to run
-    "task": _enum("detect"), "mode": _enum("train", "val", "predict", "export", "tune", "benchmark", **R), "model": _k("text"),
-    "data": _k("text"), "cfg": _k("text"),
+    task: Annotated[str, _enum("detect")]
+    mode: Annotated[str, _enum("train", "val", "predict", "export", "tune", "benchmark", **R)]
+    model: Annotated[str | None, _k("text")]
+    data: Annotated[str | None, _k("text")]
+    cfg: Annotated[str | None, _k("text")]
     # training
-    "epochs": _int(1, **R), "time": _k("positive", **R), "patience": _int(0, **R), "monitor": _k("metric"),
-    "monitor_mode": _enum("auto", "max", "min"), "min_delta": _k("nonneg"),
-    "restore_best": _k("bool", **R), "stop_close_mosaic": _enum("skip", "finish"), "batch": _int(1, **R), "imgsz": _int(32, MAX_IMGSZ, multiple=32),
-    "save": _k("bool"), "save_period": _int(-1, **R), "save_steps": _int(0, **R), "save_topk": _int(0, **R), "average_best": _int(0, **R),
-    "save_initial": _k("bool", **R), "save_epochs": _k("save_epochs", **R),
-    "cache": _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT), "device": _k("device", **RT),
-    "nproc": _k("procs", low=1, **R), "workers": _int(0, **RT), "project": _k("text", **T), "name": _k("text", **T), "exist_ok": _k("bool", **R),
-    "pretrained": _k("bool_or_path"), "optimizer": _enum("SGD", "Adam", "AdamW", "auto"), "verbose": _k("bool", **RT),
-    "seed": _int(), "deterministic": _k("bool", **R), "rect": _k("bool"), "single_cls": _k("bool"), "cos_lr": _k("bool"), "close_mosaic": _int(0),
-    "resume": _k("bool_or_path", **R), "amp": _k("bool", **R), "fraction": Setting("fraction", low_open=True), "freeze": _k("freeze"),
-    "unfreeze_epoch": _int(0), "unfreeze_warmup": _k("nonneg"),
-    "grad_clip": _k("nonneg"), "channels_last": _k("bool"),
-    "compile": _enum(False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "inductor", "aot_eager", "eager",
-                     "cudagraphs", **R),
-    "sync_bn": _k("bool"), "val": _k("bool", **R), "val_period": _int(1, **R),
+    epochs: Annotated[int, _int(1, **R)]
+    time: Annotated[float | None, _k("positive", **R)]
+    patience: Annotated[int, _int(0, **R)]
+    monitor: Annotated[str, _k("metric")]
+    monitor_mode: Annotated[str, _enum("auto", "max", "min")]
+    min_delta: Annotated[float, _k("nonneg")]
+    restore_best: Annotated[bool, _k("bool", **R)]
+    stop_close_mosaic: Annotated[str, _enum("skip", "finish")]
+    batch: Annotated[int, _int(1, **R)]
+    imgsz: Annotated[int, _int(32, MAX_IMGSZ, multiple=32)]
+    save: Annotated[bool, _k("bool")]
+    save_period: Annotated[int, _int(-1, **R)]
+    save_steps: Annotated[int, _int(0, **R)]
+    save_topk: Annotated[int, _int(0, **R)]
+    average_best: Annotated[int, _int(0, **R)]
+    save_initial: Annotated[bool, _k("bool", **R)]
+    save_epochs: Annotated[list[int] | None, _k("save_epochs", **R)]
+    cache: Annotated[bool | str, _enum(False, "ram", "disk", aliases=((True, "ram"), (None, False)), **RT)]
+    device: Annotated[str | None, _k("device", **RT)]
+    nproc: Annotated[int, _k("procs", low=1, **R)]
+    workers: Annotated[int, _int(0, **RT)]
+    project: Annotated[str | None, _k("text", **T)]
+    name: Annotated[str | None, _k("text", **T)]
+    exist_ok: Annotated[bool, _k("bool", **R)]
+    pretrained: Annotated[bool | str, _k("bool_or_path")]
+    optimizer: Annotated[str, _enum("SGD", "Adam", "AdamW", "auto")]
+    verbose: Annotated[bool, _k("bool", **RT)]
+    seed: Annotated[int, _int()]
+    deterministic: Annotated[bool, _k("bool", **R)]
+    rect: Annotated[bool, _k("bool")]
+    single_cls: Annotated[bool, _k("bool")]
+    cos_lr: Annotated[bool, _k("bool")]
+    close_mosaic: Annotated[int, _int(0)]
+    resume: Annotated[bool | str, _k("bool_or_path", **R)]
+    amp: Annotated[bool, _k("bool", **R)]
+    fraction: Annotated[float, Setting("fraction", low_open=True)]
+    freeze: Annotated[int | list[str] | None, _k("freeze")]
+    unfreeze_epoch: Annotated[int | None, _int(0)]
+    unfreeze_warmup: Annotated[float, _k("nonneg")]
+    grad_clip: Annotated[float, _k("nonneg")]
+    channels_last: Annotated[bool, _k("bool")]
+    compile: Annotated[bool | str, _enum(False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "inductor", "aot_eager", "eager", "cudagraphs", **R)]
+    sync_bn: Annotated[bool, _k("bool")]
+    val: Annotated[bool, _k("bool", **R)]
+    val_period: Annotated[int, _int(1, **R)]
     # optimisation
-    "lr0": _k("positive"), "lrf": _k("fraction"), "momentum": _k("fraction"), "weight_decay": _k("nonneg"),
-    "warmup_epochs": _k("nonneg"), "warmup_momentum": _k("fraction"), "warmup_bias_lr": _k("nonneg"), "nbs": _int(1),
-    "lr_scheduler": _k("lr_scheduler"),
+    lr0: Annotated[float, _k("positive")]
+    lrf: Annotated[float, _k("fraction")]
+    momentum: Annotated[float, _k("fraction")]
+    weight_decay: Annotated[float, _k("nonneg")]
+    warmup_epochs: Annotated[float, _k("nonneg")]
+    warmup_momentum: Annotated[float, _k("fraction")]
+    warmup_bias_lr: Annotated[float, _k("nonneg")]
+    nbs: Annotated[int, _int(1)]
+    lr_scheduler: Annotated[Any, _k("lr_scheduler")]
     # loss
-    "box": _k("positive"), "iou_type": _enum("iou", "giou"),
+    box: Annotated[float, _k("positive")]
+    iou_type: Annotated[str, _enum("iou", "giou")]
     # augmentation
-    "hsv_h": _k("fraction"), "hsv_s": _k("fraction"), "hsv_v": _k("fraction"), "degrees": _k("nonneg"), "translate": _k("fraction"),
-    "scale": _k("fraction"), "shear": _k("nonneg"), "flipud": _k("fraction"), "fliplr": _k("fraction"), "mosaic": _k("fraction"),
-    "mixup": _k("fraction"),
+    hsv_h: Annotated[float, _k("fraction")]
+    hsv_s: Annotated[float, _k("fraction")]
+    hsv_v: Annotated[float, _k("fraction")]
+    degrees: Annotated[float, _k("nonneg")]
+    translate: Annotated[float, _k("fraction")]
+    scale: Annotated[float, _k("fraction")]
+    shear: Annotated[float, _k("nonneg")]
+    flipud: Annotated[float, _k("fraction")]
+    fliplr: Annotated[float, _k("fraction")]
+    mosaic: Annotated[float, _k("fraction")]
+    mixup: Annotated[float, _k("fraction")]
     # YOLOX stage switch
-    "no_aug_epochs": _int(0), "next_stage_start_epoch": _int(0),
+    no_aug_epochs: Annotated[int | None, _int(0)]
+    next_stage_start_epoch: Annotated[int | None, _int(0)]
     # validation / prediction
-    "split": _enum("train", "val", "test"), "conf": _k("fraction"), "iou": _k("fraction"), "max_det": _int(1),
-    "agnostic_nms": _k("bool"), "augment": _k("bool"), "classes": _k("classes"), "half": _k("bool"), "save_json": _k("bool"), "per_class": _enum("auto", True, False, **RT), "save_txt": _k("bool"),
-    "save_conf": _k("bool"), "plots": _k("bool", **RT), "plot_period": _int(1, **R), "worst_batches": _int(0, **RT), "worst_source": _enum("val", "train", "both", **RT), "source": _k("free"),
-    "show_labels": _k("bool"), "show_conf": _k("bool"), "show": _k("bool"), "save_crop": _k("bool"), "line_width": _int(1),
+    split: Annotated[str, _enum("train", "val", "test")]
+    conf: Annotated[float | None, _k("fraction")]
+    iou: Annotated[float, _k("fraction")]
+    max_det: Annotated[int, _int(1)]
+    agnostic_nms: Annotated[bool, _k("bool")]
+    augment: Annotated[bool, _k("bool")]
+    classes: Annotated[list[int] | None, _k("classes")]
+    half: Annotated[bool, _k("bool")]
+    save_json: Annotated[bool, _k("bool")]
+    per_class: Annotated[str | bool, _enum("auto", True, False, **RT)]
+    save_txt: Annotated[bool, _k("bool")]
+    save_conf: Annotated[bool, _k("bool")]
+    plots: Annotated[bool, _k("bool", **RT)]
+    plot_period: Annotated[int, _int(1, **R)]
+    worst_batches: Annotated[int, _int(0, **RT)]
+    worst_source: Annotated[str, _enum("val", "train", "both", **RT)]
+    source: Annotated[Any, _k("free")]
+    show_labels: Annotated[bool, _k("bool")]
+    show_conf: Annotated[bool, _k("bool")]
+    show: Annotated[bool, _k("bool")]
+    save_crop: Annotated[bool, _k("bool")]
+    line_width: Annotated[int | None, _int(1)]
     # export
-    "format": _enum("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml"), "int8": _k("bool"), "nms": _k("bool"), "dynamic": _k("bool"), "simplify": _k("bool"), "opset": _int(7),
-    "export_tol": _k("positive"), "formats": _k("text"), "threads": _int(0),
+    format: Annotated[str, _enum("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml")]
+    int8: Annotated[bool, _k("bool")]
+    nms: Annotated[bool, _k("bool")]
+    dynamic: Annotated[bool, _k("bool")]
+    simplify: Annotated[bool, _k("bool")]
+    opset: Annotated[int, _int(7)]
+    export_tol: Annotated[float, _k("positive")]
+    formats: Annotated[str | None, _k("text")]
+    threads: Annotated[int, _int(0)]
     # tuning
-    "iterations": _int(1, **T), "space": _k("free"), "storage": _k("free", **T), "pruner": _enum("median", "hyperband", "none"),
-    "tune_keep": _int(0, **T), "backend": _enum("optuna", "ray"),
+    iterations: Annotated[int, _int(1, **T)]
+    space: Annotated[Any, _k("free")]
+    storage: Annotated[Any, _k("free", **T)]
+    pruner: Annotated[str, _enum("median", "hyperband", "none")]
+    tune_keep: Annotated[int, _int(0, **T)]
+    backend: Annotated[str, _enum("optuna", "ray")]
     # callbacks and integrations
-    "callback_modules": _k("modules", **RT), "callbacks": _k("callbacks", **RT), "strict_callbacks": _k("bool", **RT), "mlflow": _k("bool", **RT), "tensorboard": _k("bool", **RT), "wandb": _k("bool"),
-    "comet": _k("bool"), "clearml": _k("bool"), "raytune": _enum("auto", True, False, **RT), "dvc": _k("bool"),
-    "onnx_check": _enum(True, False, "strict", **RT), "onnx_check_best": _k("bool", **R),
-    "export_check": _k("text", **RT), "export_check_tol": _k("positive", **R), "export_check_strict": _k("bool", **R),
-    "onnx_check_tol": _k("positive", **R), "onnx_check_imgsz": _int(0, MAX_IMGSZ, multiple=32, **R),
+    callback_modules: Annotated[list[str] | None, _k("modules", **RT)]
+    callbacks: Annotated[Any, _k("callbacks", **RT)]
+    strict_callbacks: Annotated[bool, _k("bool", **RT)]
+    mlflow: Annotated[bool, _k("bool", **RT)]
+    tensorboard: Annotated[bool, _k("bool", **RT)]
+    wandb: Annotated[bool, _k("bool")]
+    comet: Annotated[bool, _k("bool")]
+    clearml: Annotated[bool, _k("bool")]
+    raytune: Annotated[str | bool, _enum("auto", True, False, **RT)]
+    dvc: Annotated[bool, _k("bool")]
+    onnx_check: Annotated[bool | str, _enum(True, False, "strict", **RT)]
+    onnx_check_best: Annotated[bool, _k("bool", **R)]
+    export_check: Annotated[str | None, _k("text", **RT)]
+    export_check_tol: Annotated[float, _k("positive", **R)]
+    export_check_strict: Annotated[bool, _k("bool", **R)]
+    onnx_check_tol: Annotated[float, _k("positive", **R)]
+    onnx_check_imgsz: Annotated[int, _int(0, MAX_IMGSZ, multiple=32, **R)]
     # datasets
-    "datasets_dir": _k("text", **RT), "weights_dir": _k("any", **RT),
-}
+    datasets_dir: Annotated[str | None, _k("text", **RT)]
+    weights_dir: Annotated[Any, _k("any", **RT)]
+
+
+# Each setting's rule, read from the annotations of Settings (the one list of the settings in code).
+RULES: dict[str, Setting] = {key: hint.__metadata__[0] for key, hint in get_type_hints(Settings, include_extras=True).items()}
 
 
 def load_defaults() -> dict[str, Any]:
