@@ -50,25 +50,43 @@ def pad_targets(targets: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, t
     return classes, boxes, valid
 
 
-def pairwise_iou(gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-    """IoU of every ground truth with every prediction of the same image: gt (B, G, 4), pred (B, A, 4) xyxy -> (B, G, A)."""
-    gt, pred = gt[:, :, None], pred[:, None]
-    wh = (torch.minimum(gt[..., 2:], pred[..., 2:]) - torch.maximum(gt[..., :2], pred[..., :2])).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    area_gt = (gt[..., 2] - gt[..., 0]) * (gt[..., 3] - gt[..., 1])
-    area_pred = (pred[..., 2] - pred[..., 0]).clamp(min=0) * (pred[..., 3] - pred[..., 1]).clamp(min=0)
+def centers_inside(centers: torch.Tensor, gt_boxes: torch.Tensor) -> torch.Tensor:
+    """(B, G, A) whether each cell centre (A, 2) lies strictly inside each ground-truth box (B, G, 4) xyxy: each of the
+    four margins (centre minus top-left corner, bottom-right corner minus centre) above EPS, compared one at a time."""
+    cx, cy = centers[:, 0], centers[:, 1]
+    x1, y1, x2, y2 = (gt_boxes[..., i, None] for i in range(4))
+    return ((cx - x1) > EPS) & ((cy - y1) > EPS) & ((x2 - cx) > EPS) & ((y2 - cy) > EPS)
+
+
+def box_iou_pairs(gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+    """IoU of row i of gt with row i of pred (both (P, 4) xyxy), the same arithmetic as a dense (B, G, A) IoU, so the same value."""
+    wh = (torch.minimum(gt[:, 2:], pred[:, 2:]) - torch.maximum(gt[:, :2], pred[:, :2])).clamp(min=0)
+    inter = wh[:, 0] * wh[:, 1]
+    area_gt = (gt[:, 2] - gt[:, 0]) * (gt[:, 3] - gt[:, 1])
+    area_pred = (pred[:, 2] - pred[:, 0]).clamp(min=0) * (pred[:, 3] - pred[:, 1]).clamp(min=0)
     return inter / (area_gt + area_pred - inter).clamp(min=EPS)
 
 
-def centers_inside(centers: torch.Tensor, gt_boxes: torch.Tensor) -> torch.Tensor:
-    """(B, G, A) whether each cell centre (A, 2) lies strictly inside each ground-truth box (B, G, 4) xyxy."""
-    c = centers[None, None]  # (1, 1, A, 2)
-    margins = torch.cat((c - gt_boxes[:, :, None, :2], gt_boxes[:, :, None, 2:] - c), dim=-1)  # (B, G, A, 4)
-    return margins.amin(dim=-1) > EPS
+def best_of_each_group(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(P,) bool: the entry of highest `values` in each group of equal `keys`; among equal values the one listed first
+    (as torch.argmax, which returns the first maximum)."""
+    by_value = torch.sort(values, descending=True, stable=True).indices
+    order = by_value[torch.sort(keys[by_value], stable=True).indices]  # grouped by key, best first within a group
+    first = torch.ones(len(order), dtype=torch.bool, device=keys.device)
+    first[1:] = keys[order][1:] != keys[order][:-1]
+    best = torch.zeros_like(first)
+    best[order] = first
+    return best
 
 
 class TaskAlignedAssigner:
-    """Assigns ground truths to cells by the task-alignment metric; see the module docstring. Holds no tensors."""
+    """Assigns ground truths to cells by the task-alignment metric; see the module docstring. Holds no tensors.
+
+    Only the (image, ground truth, cell) pairs whose cell centre lies inside the box can be chosen, and they are few (a
+    box covers a few cells), so after the inside test the IoUs, alignments, conflicts and targets are computed on those
+    pairs alone; only the inside test and the top-k ranking see (B, G, A) arrays. On a set of many small objects the
+    all-dense form was 95 % of the loss and a fifth of a training step (BENCHMARKS.md); tests/test_assigner_pairs.py
+    holds it as the reference this must agree with."""
 
     def __init__(self, topk: int = TOPK, alpha: float = ALPHA, beta: float = BETA):
         self.topk, self.alpha, self.beta = int(topk), float(alpha), float(beta)
@@ -87,41 +105,32 @@ class TaskAlignedAssigner:
         boxes; gt_classes (B, G); gt_boxes (B, G, 4) xyxy; gt_valid (B, G) bool (False for padding)."""
         b, a, nc = scores.shape
         g = gt_boxes.shape[1]
-        if g == 0:
-            return TaskAlignedTargets(scores.new_zeros((b, a), dtype=torch.bool), scores.new_zeros((b, a, 4)),
-                                      torch.zeros_like(scores), scores.new_zeros((b, a), dtype=torch.long))
-        candidate = centers_inside(centers, gt_boxes) & gt_valid[:, :, None]  # (B, G, A)
-        ious = pairwise_iou(gt_boxes, pred_boxes) * candidate
-        class_scores = scores.gather(2, gt_classes.clamp(0, nc - 1)[:, None, :].expand(b, a, g)).permute(0, 2, 1)  # (B, G, A)
-        alignment = class_scores.pow(self.alpha) * ious.pow(self.beta) * candidate
-
-        chosen = self.top_candidates(alignment.masked_fill(~candidate, -1.0)) & candidate
-        chosen = self.resolve_conflicts(chosen, ious)
-        fg_mask = chosen.any(dim=1)  # (B, A)
-        gt_index = chosen.float().argmax(dim=1)  # (B, A); 0 where background
-
-        alignment = alignment * chosen
-        best_alignment = alignment.amax(dim=2, keepdim=True)  # (B, G, 1)
-        best_iou = (ious * chosen).amax(dim=2, keepdim=True)
-        quality = (alignment * best_iou / (best_alignment + EPS)).amax(dim=1)  # (B, A)
-
-        target_classes = gt_classes.gather(1, gt_index)  # (B, A)
-        target_boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, a, 4))
+        fg_mask = scores.new_zeros((b, a), dtype=torch.bool)
+        gt_index = scores.new_zeros((b, a), dtype=torch.long)
+        quality = scores.new_zeros((b, a))
+        if g:
+            image, gt, cell = (centers_inside(centers, gt_boxes) & gt_valid[:, :, None]).nonzero(as_tuple=True)  # candidates
+            ious = box_iou_pairs(gt_boxes[image, gt], pred_boxes[image, cell])
+            class_scores = scores[image, cell, gt_classes[image, gt].clamp(0, nc - 1)]
+            alignment = class_scores.pow(self.alpha) * ious.pow(self.beta)
+            chosen = self.top_candidates(image, gt, cell, alignment, (b, g, a))
+            chosen[chosen.clone()] = best_of_each_group((image * a + cell)[chosen], ious[chosen])  # a shared cell: best IoU
+            image, gt, cell, ious, alignment = (t[chosen] for t in (image, gt, cell, ious, alignment))
+            pair_gt = image * g + gt
+            best_alignment = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, alignment, "amax")[pair_gt]
+            best_iou = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, ious, "amax")[pair_gt]
+            fg_mask[image, cell] = True
+            gt_index[image, cell] = gt
+            quality[image, cell] = alignment * best_iou / (best_alignment + EPS)
+        target_classes = gt_classes.gather(1, gt_index) if g else gt_index
+        target_boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, a, 4)) if g else scores.new_zeros((b, a, 4))
         target_scores = F.one_hot(target_classes.clamp(0, nc - 1), nc).to(scores.dtype) * (quality * fg_mask)[..., None]
         return TaskAlignedTargets(fg_mask, target_boxes, target_scores, gt_index)
 
-    def top_candidates(self, alignment: torch.Tensor) -> torch.Tensor:
-        """(B, G, A) bool: each ground truth's `topk` cells of highest alignment (non-candidates ranked below, at -1)."""
-        k = min(self.topk, alignment.shape[-1])
-        index = alignment.topk(k, dim=-1).indices
-        return torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, index, True)
-
-    @staticmethod
-    def resolve_conflicts(chosen: torch.Tensor, ious: torch.Tensor) -> torch.Tensor:
-        """A cell chosen by several ground truths keeps only the one among them with the highest IoU with its box."""
-        shared = chosen.sum(dim=1, keepdim=True) > 1  # (B, 1, A)
-        if not bool(shared.any()):
-            return chosen
-        best = ious.masked_fill(~chosen, -1.0).argmax(dim=1, keepdim=True)  # (B, 1, A)
-        winner = torch.zeros_like(chosen).scatter_(1, best, True)
-        return torch.where(shared, winner, chosen)
+    def top_candidates(self, image, gt, cell, alignment, shape: tuple[int, int, int]) -> torch.Tensor:
+        """(P,) bool: whether each candidate pair is among its ground truth's `topk` of highest alignment. Ranked with
+        torch.topk over a (B, G, A) row of the alignments (-1 where no candidate), so that equal alignments (every cell
+        predicts alike at initialisation) are broken exactly as topk breaks them."""
+        ranked = alignment.new_full(shape, -1.0).index_put_((image, gt, cell), alignment)
+        top = ranked.topk(min(self.topk, shape[2]), dim=-1).indices
+        return torch.zeros(shape, dtype=torch.bool, device=alignment.device).scatter_(-1, top, True)[image, gt, cell]
