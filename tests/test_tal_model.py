@@ -9,11 +9,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from tests.test_assigner_pairs import pairwise_iou  # the dense IoU the assigner's reference uses
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from yolo_cb.export.exporter import Exporter
 from yolo_cb.nn import YOLOCB, YOLOX, build_model
 from yolo_cb.nn.yolocb.assigner import TaskAlignedAssigner, pad_targets
-from tests.test_assigner_pairs import pairwise_iou
 from yolo_cb.nn.yolocb.head import REG_MAX, boxes_to_distances, dfl_expectation, distances_to_boxes
 from yolo_cb.nn.yolocb.loss import complete_iou, distribution_focal_loss
 

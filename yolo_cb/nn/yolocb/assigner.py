@@ -107,23 +107,24 @@ class TaskAlignedAssigner:
         g = gt_boxes.shape[1]
         fg_mask = scores.new_zeros((b, a), dtype=torch.bool)
         gt_index = scores.new_zeros((b, a), dtype=torch.long)
+        if g == 0:
+            return TaskAlignedTargets(fg_mask, scores.new_zeros((b, a, 4)), torch.zeros_like(scores), gt_index)
+        image, gt, cell = (centers_inside(centers, gt_boxes) & gt_valid[:, :, None]).nonzero(as_tuple=True)  # candidates
+        ious = box_iou_pairs(gt_boxes[image, gt], pred_boxes[image, cell])
+        class_scores = scores[image, cell, gt_classes[image, gt].clamp(0, nc - 1)]
+        alignment = class_scores.pow(self.alpha) * ious.pow(self.beta)
+        chosen = self.top_candidates(image, gt, cell, alignment, (b, g, a))
+        chosen[chosen.clone()] = best_of_each_group((image * a + cell)[chosen], ious[chosen])  # a shared cell: best IoU
+        image, gt, cell, ious, alignment = (t[chosen] for t in (image, gt, cell, ious, alignment))
+        pair_gt = image * g + gt
+        best_alignment = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, alignment, "amax")[pair_gt]
+        best_iou = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, ious, "amax")[pair_gt]
+        fg_mask[image, cell] = True
+        gt_index[image, cell] = gt
         quality = scores.new_zeros((b, a))
-        if g:
-            image, gt, cell = (centers_inside(centers, gt_boxes) & gt_valid[:, :, None]).nonzero(as_tuple=True)  # candidates
-            ious = box_iou_pairs(gt_boxes[image, gt], pred_boxes[image, cell])
-            class_scores = scores[image, cell, gt_classes[image, gt].clamp(0, nc - 1)]
-            alignment = class_scores.pow(self.alpha) * ious.pow(self.beta)
-            chosen = self.top_candidates(image, gt, cell, alignment, (b, g, a))
-            chosen[chosen.clone()] = best_of_each_group((image * a + cell)[chosen], ious[chosen])  # a shared cell: best IoU
-            image, gt, cell, ious, alignment = (t[chosen] for t in (image, gt, cell, ious, alignment))
-            pair_gt = image * g + gt
-            best_alignment = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, alignment, "amax")[pair_gt]
-            best_iou = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, ious, "amax")[pair_gt]
-            fg_mask[image, cell] = True
-            gt_index[image, cell] = gt
-            quality[image, cell] = alignment * best_iou / (best_alignment + EPS)
-        target_classes = gt_classes.gather(1, gt_index) if g else gt_index
-        target_boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, a, 4)) if g else scores.new_zeros((b, a, 4))
+        quality[image, cell] = alignment * best_iou / (best_alignment + EPS)
+        target_classes = gt_classes.gather(1, gt_index)  # (B, A)
+        target_boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, a, 4))
         target_scores = F.one_hot(target_classes.clamp(0, nc - 1), nc).to(scores.dtype) * (quality * fg_mask)[..., None]
         return TaskAlignedTargets(fg_mask, target_boxes, target_scores, gt_index)
 
