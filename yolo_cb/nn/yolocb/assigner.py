@@ -113,9 +113,9 @@ class TaskAlignedAssigner:
         ious = box_iou_pairs(gt_boxes[image, gt], pred_boxes[image, cell])
         class_scores = scores[image, cell, gt_classes[image, gt].clamp(0, nc - 1)]
         alignment = class_scores.pow(self.alpha) * ious.pow(self.beta)
-        chosen = self.top_candidates(image, gt, cell, alignment, (b, g, a))
-        chosen[chosen.clone()] = best_of_each_group((image * a + cell)[chosen], ious[chosen])  # a shared cell: best IoU
-        image, gt, cell, ious, alignment = (t[chosen] for t in (image, gt, cell, ious, alignment))
+        kept = self.top_candidates(image, gt, cell, alignment, (b, g, a)).nonzero().squeeze(1)
+        kept = kept[best_of_each_group((image * a + cell)[kept], ious[kept])]  # a cell chosen twice: the best IoU keeps it
+        image, gt, cell, ious, alignment = (t[kept] for t in (image, gt, cell, ious, alignment))
         pair_gt = image * g + gt
         best_alignment = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, alignment, "amax")[pair_gt]
         best_iou = scores.new_zeros(b * g).scatter_reduce_(0, pair_gt, ious, "amax")[pair_gt]
@@ -128,7 +128,8 @@ class TaskAlignedAssigner:
         target_scores = F.one_hot(target_classes.clamp(0, nc - 1), nc).to(scores.dtype) * (quality * fg_mask)[..., None]
         return TaskAlignedTargets(fg_mask, target_boxes, target_scores, gt_index)
 
-    def top_candidates(self, image, gt, cell, alignment, shape: tuple[int, int, int]) -> torch.Tensor:
+    def top_candidates(self, image: torch.Tensor, gt: torch.Tensor, cell: torch.Tensor, alignment: torch.Tensor,
+                       shape: tuple[int, int, int]) -> torch.Tensor:
         """(P,) bool: whether each candidate pair is among its ground truth's `topk` of highest alignment. Ranked with
         torch.topk over a (B, G, A) row of the alignments (-1 where no candidate), so that equal alignments (every cell
         predicts alike at initialisation) are broken exactly as topk breaks them."""
