@@ -149,12 +149,26 @@ def check_values(data: dict, name: str) -> None:
             raise ConfigError(f"model {name}: {key}={short_repr(data[key])} is not {what}")
 
 
+_PARAMETER_COUNTS: dict[tuple[type, str, int], int] = {}  # (detector, repr of its arch, nc) -> parameters, per process
+
+
+def parameter_count(detector: type[Detector], arch: dict, nc: int) -> int:
+    """The parameters of `detector` built from `arch` with `nc` classes, counted on the meta device (which allocates
+    nothing), once per architecture in a process: a build under the meta device's dispatch mode takes as long as a real
+    build (0.4 s for YOLOX-nano), and one process builds the same architecture again and again (the model of a run, the
+    best.pt it validates at the end, each YOLO(path) of the same file)."""
+    key = (detector, repr(sorted(arch.items())), nc)
+    if key not in _PARAMETER_COUNTS:
+        with torch.device("meta"):
+            _PARAMETER_COUNTS[key] = sum(p.numel() for p in detector(nc=nc, **arch).parameters())
+    return _PARAMETER_COUNTS[key]
+
+
 def check_size(detector: type[Detector], arch: dict, nc: int, name: str) -> None:
     """ConfigError in one line before anything is allocated: a model whose fp32 weights (counted on the meta device,
     which allocates nothing) need more than half the memory this process may take (a checkpoint's or a YAML's few bytes
     once asked for tens of GB; depth and width are bounded by check_values first)."""
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in detector(nc=nc, name=name, **arch).parameters())
+    parameters = parameter_count(detector, arch, nc)
     room = available_memory()
     if room is not None and 8 * parameters > room:
         raise ConfigError(f"model {name} with {nc} classes has {parameters / 1e6:,.0f}M parameters ({4 * parameters / 2**30:.1f} GiB "
