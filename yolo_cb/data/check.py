@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo_cb.data.verify import img2label_path, list_image_files, verify_all
+from yolo_cb.utils.log import printable
 
 LOGGER = logging.getLogger("yolo_cb")
 TINY_PX = 3.0  # a box with a side under this many pixels of the original image is called tiny
@@ -170,13 +171,13 @@ def class_warnings(per_split: dict[str, Counter], names: dict[int, str]) -> list
 
 def format_report(resolved: dict, reports: list[SplitReport], found: list[str]) -> str:
     """The printed summary: a table of splits, a table of classes, the warnings, a last line."""
-    names = resolved["names"]
+    names = {c: printable(n) for c, n in resolved["names"].items()}  # escaped: a newline in a class name forges no line
     lines = [f"data check: {resolved['yaml_file']} ({resolved['nc']} classes)", "",
              f"{'split':<16}{'images':>8}{'boxes':>8}{'backgrounds':>13}{'skipped':>9}"]
     lines += [f"{r.name:<16}{r.images:>8}{r.boxes:>8}{len(r.backgrounds):>13}{len(r.skipped):>9}" for r in reports]
     lines += ["", f"{'class':<20}" + "".join(f"{r.name:>12}" for r in reports)]
     lines += [f"{str(names[c])[:19]:<20}" + "".join(f"{r.per_class.get(c, 0):>12}" for r in reports) for c in sorted(names)]
-    lines += [""] + [f"WARNING {w}" for w in found]
+    lines += [""] + [f"WARNING {printable(w)}" for w in found]
     lines.append(f"{len(found)} warning(s); no errors" if found else "no problems found")
     return "\n".join(lines)
 
@@ -186,6 +187,6 @@ def training_summary(per_split: dict[str, list[dict]], names: dict[int, str]) ->
     counts = {s: Counter(int(c) for lb in labels for c in lb["cls"]) for s, labels in per_split.items()}
     backgrounds = {s: sum(not len(lb["cls"]) for lb in labels) for s, labels in per_split.items()}
     head = ", ".join(f"{s} {len(per_split[s])} images ({backgrounds[s]} backgrounds)" for s in per_split)
-    classes = ", ".join(f"{names[c]} " + "/".join(str(counts[s].get(c, 0)) for s in per_split) for c in sorted(names))
+    classes = ", ".join(f"{printable(names[c])} " + "/".join(str(counts[s].get(c, 0)) for s in per_split) for c in sorted(names))
     text = f"data: {head}; boxes per class ({'/'.join(per_split)}): {classes}"
-    return "\n".join([text] + [f"WARNING {w}" for w in class_warnings(counts, names)])
+    return "\n".join([text] + [f"WARNING {printable(w)}" for w in class_warnings(counts, names)])

@@ -22,6 +22,7 @@ from pathlib import Path
 from yolo_cb.data.formats.common import Split, new_temp_folder, summary, write_split
 from yolo_cb.errors import DataError
 from yolo_cb.utils.files import atomic_write_text, write_error
+from yolo_cb.utils.log import printable
 
 LOGGER = logging.getLogger("yolo_cb")
 FORMATS = ("coco", "voc", "labelme", "labelstudio")
@@ -118,7 +119,7 @@ def convert(source: str | os.PathLike, fmt: str, out: str | os.PathLike, names: 
     for split in splits.values():
         LOGGER.info(summary(split))
         for note in split.notes:
-            LOGGER.warning(note)
+            LOGGER.warning(printable(note))  # file names from the export: a newline would forge a line
     return _write_all(splits, text, out)
 
 

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from yolo_cb.data.formats.coco import is_coco_json, read_coco
 from yolo_cb.data.formats.common import COUNT_WORDS, Split, new_temp_folder, summary, write_split
-from yolo_cb.data.formats.voc import is_voc_folder, is_voc_list, read_ids, read_voc, split_list
+from yolo_cb.data.formats.voc import annotation_path, is_voc_folder, is_voc_list, read_ids, read_voc, split_list
 from yolo_cb.utils.files import atomic_write_text, write_error
+from yolo_cb.utils.log import printable
 
 LOGGER = logging.getLogger("yolo_cb")
 RECORD = "conversion.json"
 FOLDER = "converted"
-VERSION = 1  # of the conversion rules: a folder made by other rules is not reused
+VERSION = 2  # of the conversion rules: a folder made by other rules is not reused (2: paths that leave the root skipped)
 
 
 def source_kind(path: str | os.PathLike) -> str | None:
@@ -57,7 +58,8 @@ def source_key(path: Path, kind: str, split: str, names: dict[int, str] | None) 
         root = listed.parents[2]
         h.update(_stat(listed).encode())
         for image_id in read_ids(listed, Counter()):
-            h.update(_stat(root / "Annotations" / f"{image_id}.xml").encode())
+            xml = annotation_path(root, image_id)  # one outside the folder is never looked at
+            h.update(_stat(xml).encode() if xml is not None else b"outside")
     return h.hexdigest()[:16]
 
 
@@ -83,7 +85,7 @@ def _convert_into(folder: Path, source: Path, kind: str, split: str, names: dict
     read = read_source(source, kind, split, names)
     LOGGER.info(f"{split}: {kind.upper()} {summary(read)}; as YOLO labels in {folder}")
     for note in read.notes:
-        LOGGER.warning(f"{split}: {note}")
+        LOGGER.warning(printable(f"{split}: {note}"))  # file names from the source: a newline would forge a line
     tmp = None
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ stricter:
 - each image's ``file_name`` is looked up relative to the JSON's folder, then in an ``images/`` folder beside it; an
   image whose file is in neither is skipped, counted and named once; its name in the YOLO folder is its ``file_name``
   (subfolders kept, a leading ``images/`` dropped; an absolute one or one with ``..`` keeps only its last part);
+- the JSON's folder is the dataset root: a ``file_name`` that resolves outside it (``../``, an absolute path elsewhere,
+  a link that points out) is skipped, counted and summed up in one note; nothing outside is read;
 - two image entries with the same ``file_name`` are refused; two files that would share a label file are renamed
   ``<stem>_2`` and said;
 - malformed JSON, an image or annotation entry missing a key, an annotation naming an image id or a category id that
@@ -20,10 +22,11 @@ stricter:
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
-from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, disambiguate, numbers, safe_name
+from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, locate, numbers, safe_name
 from yolo_cb.errors import DataError, short_repr
 
 
@@ -35,6 +38,11 @@ def load_json(path: Path):
         raise DataError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); nothing was written") from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: cannot be read ({error}); nothing was written") from None
+    except RecursionError:
+        raise DataError(f"{path}: its JSON is nested too deeply (over {sys.getrecursionlimit()} levels of [ or {{), which no "
+                        f"annotation file is; nothing was written") from None
+    except ValueError as error:  # a number of more digits than Python converts (4300)
+        raise DataError(f"{path}: cannot be read as JSON ({str(error).split(';')[0]}); nothing was written") from None
 
 
 def is_coco_json(path: Path) -> bool:
@@ -63,7 +71,7 @@ def categories(path: Path, data=None) -> list[tuple[int, str]]:
         values = [c[k] for c in out]
         twice = next((v for v in values if values.count(v) > 1), None)
         if twice is not None:
-            raise bad_input(path, "categories", f"category {'id' if k == 0 else 'name'} {twice!r} is given twice")
+            raise bad_input(path, "categories", f"category {'id' if k == 0 else 'name'} {short_repr(twice)} is given twice")
     return sorted(out)
 
 
@@ -86,55 +94,43 @@ def read_coco(path: Path, names: dict[int, str] | None = None) -> Split:
     else:
         by_name = class_map([name for _, name in cats], names, path, "categories")
         by_id = {cid: by_name[name] for cid, name in cats}
-    split = Split(path, [], dict(names))
+    split = Split(path, [], dict(names), root=path.parent)
     images = _images(data, path, split)
     for i, ann in enumerate(_entries(data, "annotations", path)):
         _add_annotation(ann, i, images, by_id, path, split.counts)
     split.images = [image for image in images.values() if image is not None]
-    disambiguate(split.images, split.notes)
-    return split
+    return finish(split)
 
 
 def _images(data: dict, path: Path, split: Split) -> dict[int, Image | None]:
-    """image id -> Image (None for an image whose file is missing: its annotations are dropped with it)."""
+    """image id -> Image (None for an image whose file is missing or outside the root: its annotations go with it)."""
     out: dict[int, Image | None] = {}
     first_by_name: dict[str, int] = {}
     for i, entry in enumerate(_entries(data, "images", path)):
         image_id, file_name = entry.get("id"), entry.get("file_name")
         if image_id is None or isinstance(image_id, (bool, dict, list)) or not isinstance(file_name, str) or not file_name:
             raise bad_input(path, f"images[{i}]", f"needs an 'id' and a 'file_name', got {short_repr(entry)}")
+        where = f"images[{i}] (id {short_repr(image_id)})"
         if image_id in out:
-            raise bad_input(path, f"images[{i}]", f"image id {image_id!r} is given twice")
+            raise bad_input(path, where, f"image id {short_repr(image_id)} is given twice")
         if file_name in first_by_name:
-            raise bad_input(path, f"images[{i}] (id {image_id!r})", f"file_name {file_name!r} is also image id "
-                            f"{first_by_name[file_name]!r}: two entries name one file; merge or remove one")
+            raise bad_input(path, where, f"file_name {short_repr(file_name)} is also image id {short_repr(first_by_name[file_name])}: "
+                            f"two entries name one file; merge or remove one")
         first_by_name[file_name] = image_id
-        width, height = numbers([entry.get("width"), entry.get("height")], 2, path, f"images[{i}] (id {image_id!r})", "width, height")
+        width, height = numbers([entry.get("width"), entry.get("height")], 2, path, where, "width, height")
         if width <= 0 or height <= 0:
-            raise bad_input(path, f"images[{i}] (id {image_id!r})", f"width and height must be positive, got {width:g}x{height:g}")
-        found = find_image(path.parent, file_name)
-        if found is None:
-            split.counts["missing_images"] += 1
-            if split.counts["missing_images"] == 1:
-                split.notes.append(f"{path}: images[{i}] file_name {file_name!r} is neither in {path.parent} nor in "
-                                   f"{path.parent / 'images'}: skipped")
+            raise bad_input(path, where, f"width and height must be positive, got {width:g}x{height:g}")
+        found = locate(split, [file_name, Path("images") / file_name], file_name, f"{where} file_name",
+                       f"{path}: images[{i}] file_name {short_repr(file_name)} is neither in {path.parent} nor in "
+                       f"{path.parent / 'images'}: skipped")
         name = safe_name(file_name, f"{image_id}.jpg")
         name = name.removeprefix("images/") or name  # images/a.jpg beside the JSON: a.jpg in images/<split>/, as a.jpg in images/
-        out[image_id] = None if found is None else Image(found, name, width, height)
+        out[image_id] = None if found is None else Image(found[1], name, width, height)
     return out
 
 
-def find_image(folder: Path, file_name: str) -> Path | None:
-    """`file_name` relative to `folder`, else to `folder`/images; None when in neither."""
-    for base in (folder, folder / "images"):
-        candidate = base / file_name
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
-
-
 def _add_annotation(ann: dict, i: int, images: dict, by_id: dict[int, int], path: Path, counts: Counter) -> None:
-    entry = f"annotations[{i}] (id {ann.get('id', '?')!r})"
+    entry = f"annotations[{i}] (id {short_repr(ann.get('id', '?'))})"
     image_id = ann.get("image_id")
     if image_id not in images:
         raise bad_input(path, entry, f"image_id {short_repr(image_id)} is not the id of any entry in 'images'")

@@ -3,6 +3,7 @@
 A reader (coco.py, voc.py, labelme.py, labelstudio.py) turns an export into a :class:`Split`: its images, each with
 its boxes in pixels and already mapped to class ids 0..nc-1, and the counts of what was skipped or fixed. Nothing is
 written while reading, so bad input (raised as a DataError naming the file and the entry) leaves nothing behind.
+Every file an export names is looked up through :func:`inside_root`: it stays inside the export's dataset root.
 :func:`write_split` then writes ``images/<split>/`` (links to the source images) and ``labels/<split>/`` (YOLO txt).
 """
 
@@ -15,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from yolo_cb.errors import DataError, short_repr
+from yolo_cb.errors import DataError, os_reason, short_repr
 
 MIN_SIZE_PX = 1e-6  # a clipped box narrower or lower than this (pixels) has no area: dropped
 
@@ -40,6 +41,60 @@ class Split:
     names: dict[int, str]
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)  # one line each: a renamed duplicate, a missing image file
+    root: Path | None = None  # the dataset root: every file the source names must resolve inside it (inside_root)
+    outside_example: str = ""  # the first name read that leaves the root, as the source gives it
+
+    def missing(self, note: str) -> None:
+        """Count an image whose file is missing; the first one's note is kept."""
+        self.counts["missing_images"] += 1
+        if self.counts["missing_images"] == 1:
+            self.notes.append(note)
+
+    def leaves_root(self, shown: str) -> None:
+        """Count an entry skipped because the path it names resolves outside the root; the first is the example."""
+        self.counts["outside_root"] += 1
+        self.outside_example = self.outside_example or shown
+
+
+def inside_root(root: Path, named: str | os.PathLike) -> Path | None:
+    """The path that `named` (read from a file we did not write: relative to `root`, or absolute) names, with every
+    symbolic link followed (the root's own too); None when it resolves outside `root`. A '..' that climbs out, an
+    absolute path elsewhere, a link in the root that points out, and a name that cannot be a path (a NUL byte) are all
+    outside; an absolute path that resolves inside the root is inside. The one function every reader looks a named
+    file up through.
+
+    The dataset root of each format: COCO, the folder of the JSON (file_name is looked up there and in its images/);
+    Pascal VOC, the folder holding Annotations/, JPEGImages/ and ImageSets/ (the ids of a list name files there);
+    LabelMe, the folder given (the JSON's folder when one file is given); Label Studio, the folder of the export."""
+    try:
+        real_root = Path(os.path.realpath(root))
+        target = Path(os.path.realpath(Path(root) / named))
+    except (OSError, ValueError):  # ValueError: a NUL byte
+        return None
+    return target if target == real_root or real_root in target.parents else None
+
+
+def locate(split: Split, candidates: list, shown: str, entry: str, missing: str) -> tuple[Path, Path] | None:
+    """(the candidate, its resolved path) of the first of `candidates` (paths relative to ``split.root``, or absolute)
+    that is a file inside the root. None when none is: counted as an entry that leaves the root when a candidate did
+    (`shown`, the name as the source gives it, is the example; nothing outside is looked at), else as a missing image
+    (`missing`: the note of the first). A name the system cannot look up (one too long) is a DataError naming `entry`."""
+    left = False
+    for candidate in candidates:
+        real = inside_root(split.root, candidate)
+        if real is None:
+            left = True
+            continue
+        try:
+            if real.is_file():
+                return Path(candidate), real
+        except OSError as error:
+            raise bad_input(split.source, entry, f"{short_repr(shown)} cannot be looked up ({os_reason(error)})") from None
+    if left:
+        split.leaves_root(shown)
+    else:
+        split.missing(missing)
+    return None
 
 
 def bad_input(source: Path | str, entry: str, what: str) -> DataError:
@@ -47,15 +102,23 @@ def bad_input(source: Path | str, entry: str, what: str) -> DataError:
     return DataError(f"{source}: {entry}: {what}; nothing was written")
 
 
+def finite(value, text: bool = False) -> float | None:
+    """`value` as a finite float, or None: not a number (a bool, a string unless `text`), NaN, infinite, or an integer
+    too large for a float."""
+    if isinstance(value, bool) or (isinstance(value, str) and not text):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out if math.isfinite(out) else None
+
+
 def numbers(value, count: int, source: Path, entry: str, what: str, text: bool = False) -> list[float]:
     """`value` as `count` finite numbers, or a DataError naming the entry (a bbox of 3 numbers, a NaN, a string unless
     `text`: an XML file's numbers are text)."""
-    ok = isinstance(value, (list, tuple)) and len(value) == count
-    try:
-        out = [float(v) for v in value] if ok and not any(isinstance(v, bool) or (isinstance(v, str) and not text) for v in value) else []
-    except (TypeError, ValueError):
-        out = []
-    if len(out) != count or not all(math.isfinite(v) for v in out):
+    out = [finite(v, text) for v in value] if isinstance(value, (list, tuple)) and len(value) == count else []
+    if len(out) != count or None in out:
         raise bad_input(source, entry, f"{what} must be {count} numbers, got {short_repr(value)}")
     return out
 
@@ -95,6 +158,17 @@ def safe_name(raw: str, fallback: str) -> str:
     if not parts or parts[0] == "/" or ".." in parts or ":" in parts[0]:
         return PurePosixPath(str(raw).replace("\\", "/")).name or fallback
     return "/".join(p for p in parts if p not in ("", "."))
+
+
+def finish(split: Split) -> Split:
+    """`split` with its images' names made distinct (:func:`disambiguate`) and the entries that left its root summed up
+    in one note."""
+    disambiguate(split.images, split.notes)
+    if split.counts["outside_root"]:
+        split.notes.append(f"{split.source}: skipped {split.counts['outside_root']} entries whose image path leaves "
+                           f"{split.root}: e.g. {short_repr(split.outside_example)} (a file named in an annotation is read "
+                           f"only from inside its dataset root, links followed; move the images there)")
+    return split
 
 
 def disambiguate(images: list[Image], notes: list[str]) -> None:
@@ -166,6 +240,7 @@ COUNT_WORDS = {
     "dropped_zero_area": "boxes without area dropped",
     "dropped_outside": "boxes wholly outside the image dropped",
     "missing_images": "images whose file is missing skipped",
+    "outside_root": "images whose path leaves the dataset root skipped",
     "duplicate_ids": "image ids listed twice read once",
     "backgrounds": "images without boxes kept as backgrounds",
     "unsupported_shapes": "shapes that are not boxes or polygons skipped",

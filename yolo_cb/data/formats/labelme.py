@@ -11,7 +11,10 @@ by ``rotation`` degrees about the top-left corner) become the axis-aligned box a
 
 Both: classes are the data ``names`` given (a label of another class is an error naming it), else every label met,
 sorted; boxes are clipped to the image, boxes without area dropped, images without boxes kept as backgrounds,
-images whose file is missing skipped; each counted.
+images whose file is missing skipped; each counted. The dataset root is the LabelMe folder (the JSON's folder when one
+file is given) or the Label Studio export's folder: an image whose path resolves outside it (``../``, an absolute path
+elsewhere, a link that points out) is skipped, counted and summed up in one note; nothing outside is read. A task,
+annotation, result or value of the wrong kind, a rotation that is not a finite number: a DataError naming the task.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import math
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qs, unquote, urlparse
 
-from yolo_cb.data.formats.coco import find_image, load_json
-from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, disambiguate, numbers, safe_name
+from yolo_cb.data.formats.coco import load_json
+from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, finite, locate, numbers, safe_name
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import short_repr
 
@@ -32,11 +35,14 @@ def _labelme_files(source: Path) -> list[Path]:
     return [source] if source.is_file() else sorted(p for p in source.rglob("*.json") if p.is_file())
 
 
-def _labelme_image(json_file: Path, data: dict) -> Path | None:
+def _labelme_image(out: Split, json_file: Path, data: dict) -> tuple[Path, Path] | None:
+    """The image of a LabelMe file: ``imagePath`` relative to it, else the image beside it with its stem; inside the root."""
     named = data.get("imagePath")
-    if isinstance(named, str) and named and (json_file.parent / named.replace("\\", "/")).is_file():
-        return (json_file.parent / named.replace("\\", "/")).resolve()
-    return next((p.resolve() for p in sorted(json_file.parent.glob(json_file.stem + ".*")) if p.suffix.lower() in IMG_SUFFIXES), None)
+    given = [json_file.parent / named.replace("\\", "/")] if isinstance(named, str) and named else []
+    beside = [p for p in sorted(json_file.parent.glob(json_file.stem + ".*")) if p.suffix.lower() in IMG_SUFFIXES]
+    shown = named if given else beside[0].name if beside else json_file.stem
+    return locate(out, given + beside, shown, f"{json_file.name} imagePath",
+                  f"{json_file}: its image ({short_repr(named)}) is missing: skipped")
 
 
 def _shape_box(shape: dict, path: Path, entry: str) -> tuple[float, float, float, float]:
@@ -60,56 +66,89 @@ def read_labelme(source: Path, names: dict[int, str] | None = None) -> Split:
             raise bad_input(f, "the top level", "is not a LabelMe annotation (an object with 'shapes')")
     found = sorted({str(s.get("label")) for _, d in files for s in d.get("shapes", []) if isinstance(s, dict)})
     by_name = class_map(found, names, source, "labels")
-    out = Split(source, [], dict(names) if names is not None else {i: n for n, i in by_name.items()})
     base = source if source.is_dir() else source.parent
-    for f, data in files:
-        image_file = _labelme_image(f, data)
-        if image_file is None:
-            out.counts["missing_images"] += 1
-            if out.counts["missing_images"] == 1:
-                out.notes.append(f"{f}: its image ({data.get('imagePath')!r}) is missing: skipped")
+    out = Split(source, [], dict(names) if names is not None else {i: n for n, i in by_name.items()}, root=base)
+    out.images = [image for f, data in files if (image := _labelme_entry(out, f, data, by_name)) is not None]
+    return finish(out)
+
+
+def _labelme_entry(out: Split, f: Path, data: dict, by_name: dict[str, int]) -> Image | None:
+    """The Image of one LabelMe file (None when its image is missing or outside the root), its shapes as boxes."""
+    located = _labelme_image(out, f, data)
+    if located is None:
+        return None
+    width, height = numbers([data.get("imageWidth"), data.get("imageHeight")], 2, f, "imageWidth, imageHeight", "the image size")
+    name = str(PurePosixPath(f.relative_to(out.root).as_posix()).with_suffix(located[1].suffix))
+    image = Image(located[1], name, width, height)
+    for k, shape in enumerate(data.get("shapes", [])):
+        if not isinstance(shape, dict) or shape.get("shape_type", "polygon") not in BOX_SHAPES:
+            out.counts["unsupported_shapes"] += 1
             continue
-        width, height = numbers([data.get("imageWidth"), data.get("imageHeight")], 2, f, "imageWidth, imageHeight", "the image size")
-        name = str(PurePosixPath(f.relative_to(base).as_posix()).with_suffix(image_file.suffix))
-        image = Image(image_file, name, width, height)
-        for k, shape in enumerate(data.get("shapes", [])):
-            if not isinstance(shape, dict) or shape.get("shape_type", "polygon") not in BOX_SHAPES:
-                out.counts["unsupported_shapes"] += 1
-                continue
-            box = clip_box(_shape_box(shape, f, f"shapes[{k}] ({shape.get('label')})"), width, height, out.counts)
-            if box is not None:
-                image.boxes.append((by_name[str(shape.get("label"))], *box))
-        out.images.append(image)
-    disambiguate(out.images, out.notes)
-    return out
+        box = clip_box(_shape_box(shape, f, f"shapes[{k}] ({short_repr(shape.get('label'))})"), width, height, out.counts)
+        if box is not None:
+            image.boxes.append((by_name[str(shape.get("label"))], *box))
+    return image
 
 
 def _task_image_name(task: dict, path: Path, i: int) -> str:
     image = (task.get("data") or {}).get("image") if isinstance(task.get("data"), dict) else None
+    entry = f"task {short_repr(task.get('id', i))}"
     if not isinstance(image, str) or not image:
-        raise bad_input(path, f"task {task.get('id', i)!r}", f"needs data.image (the image's URL or path), got {short_repr(task.get('data'))}")
-    url = urlparse(image)
-    local = parse_qs(url.query).get("d")
+        raise bad_input(path, entry, f"needs data.image (the image's URL or path), got {short_repr(task.get('data'))}")
+    try:
+        url = urlparse(image)
+        local = parse_qs(url.query).get("d")
+    except ValueError as error:
+        raise bad_input(path, entry, f"data.image {short_repr(image)} is not a valid URL or path ({error})") from None
     return PurePosixPath(unquote(local[0] if local else url.path)).name
 
 
-def _task_results(task: dict) -> list[dict]:
-    annotations = [a for a in task.get("annotations") or [] if isinstance(a, dict) and not a.get("was_cancelled")]
-    return [r for r in (annotations[0].get("result") or []) if isinstance(r, dict)] if annotations else []
+def _objects(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def _task_results(task: dict, path: Path, i: int) -> list[tuple[int, dict]]:
+    """(index, result) of each rectangle of the task's first annotation not cancelled; a DataError naming the task when
+    its annotations, their result or a rectangle's value is of the wrong kind."""
+    entry = f"task {short_repr(task.get('id', i))}"
+    annotations = [] if task.get("annotations") is None else task["annotations"]
+    if not _objects(annotations):
+        raise bad_input(path, entry, f"'annotations' must be a list of objects, got {short_repr(annotations)}")
+    kept = [k for k, a in enumerate(annotations) if not a.get("was_cancelled")]
+    if not kept:
+        return []
+    results = [] if annotations[kept[0]].get("result") is None else annotations[kept[0]]["result"]
+    if not _objects(results):
+        raise bad_input(path, f"{entry} annotation {kept[0]}", f"'result' must be a list of objects, got {short_repr(results)}")
+    rects = [(k, r) for k, r in enumerate(results) if r.get("type") == "rectanglelabels"]
+    for k, result in rects:
+        value = result.get("value")
+        if not isinstance(value, dict):
+            raise bad_input(path, f"{entry} result {k}", f"'value' must be an object, got {short_repr(value)}")
+        labels = value.get("rectanglelabels")
+        if not isinstance(labels, list) or len(labels) != 1 or not isinstance(labels[0], str):
+            raise bad_input(path, f"{entry} result {k}", f"value.rectanglelabels must name one class, got {short_repr(labels)}")
+    return rects
+
+
+def _rotation(value: dict, path: Path, entry: str) -> float:
+    """The rectangle's rotation in radians (0 when not given); a DataError unless a finite number of degrees."""
+    raw = value.get("rotation")
+    degrees = 0.0 if raw is None else finite(raw)
+    if degrees is None:
+        raise bad_input(path, entry, f"value.rotation must be a number (degrees), got {short_repr(raw)}")
+    return math.radians(degrees % 360)
 
 
 def _result_box(result: dict, path: Path, entry: str) -> tuple[str, tuple[float, ...], float, float]:
-    value = result.get("value") if isinstance(result.get("value"), dict) else {}
-    labels = value.get("rectanglelabels")
-    if not isinstance(labels, list) or len(labels) != 1:
-        raise bad_input(path, entry, f"value.rectanglelabels must name one class, got {short_repr(labels)}")
+    value = result["value"]
     x, y, w, h = numbers([value.get(k) for k in ("x", "y", "width", "height")], 4, path, entry, "value x, y, width, height")
     width, height = numbers([result.get("original_width"), result.get("original_height")], 2, path, entry, "original_width, original_height")
-    angle = math.radians(float(value.get("rotation") or 0))
+    angle = _rotation(value, path, entry)
     corners = [(x + dx * math.cos(angle) - dy * math.sin(angle), y + dx * math.sin(angle) + dy * math.cos(angle))
                for dx, dy in ((0, 0), (w, 0), (0, h), (w, h))]  # rotation about the top-left corner, in percent units
     xs, ys = [c[0] * width / 100 for c in corners], [c[1] * height / 100 for c in corners]
-    return str(labels[0]), (min(xs), min(ys), max(xs), max(ys)), width, height
+    return value["rectanglelabels"][0], (min(xs), min(ys), max(xs), max(ys)), width, height
 
 
 def read_labelstudio(path: Path, names: dict[int, str] | None = None) -> Split:
@@ -118,28 +157,31 @@ def read_labelstudio(path: Path, names: dict[int, str] | None = None) -> Split:
     tasks = load_json(path)
     if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
         raise bad_input(path, "the top level", "is not a Label Studio JSON export (a list of tasks)")
-    rects = [[(k, r) for k, r in enumerate(_task_results(t)) if r.get("type") == "rectanglelabels"] for t in tasks]
-    found = sorted({str(lb) for task in rects for _, r in task for lb in (r.get("value") or {}).get("rectanglelabels") or []})
+    rects = [_task_results(t, path, i) for i, t in enumerate(tasks)]
+    found = sorted({r["value"]["rectanglelabels"][0] for task in rects for _, r in task})
     by_name = class_map(found, names, path, "labels")
-    out = Split(path, [], dict(names) if names is not None else {i: n for n, i in by_name.items()})
+    out = Split(path, [], dict(names) if names is not None else {i: n for n, i in by_name.items()}, root=path.parent)
     for i, (task, results) in enumerate(zip(tasks, rects, strict=True)):
-        name = _task_image_name(task, path, i)
-        image_file = find_image(path.parent, name)
-        if image_file is None:
-            out.counts["missing_images"] += 1
-            if out.counts["missing_images"] == 1:
-                out.notes.append(f"{path}: task {task.get('id', i)!r}: image {name} is missing: skipped")
+        image = _task_image(out, task, i)
+        if image is None:
             continue
-        image = Image(image_file, safe_name(name, f"{i}.jpg"), *_image_size(image_file))
         for k, result in results:
-            label, box, width, height = _result_box(result, path, f"task {task.get('id', i)!r} result {k}")
+            label, box, width, height = _result_box(result, path, f"task {short_repr(task.get('id', i))} result {k}")
             image.width, image.height = width, height
             clipped = clip_box(box, width, height, out.counts)
             if clipped is not None:
                 image.boxes.append((by_name[label], *clipped))
         out.images.append(image)
-    disambiguate(out.images, out.notes)
-    return out
+    return finish(out)
+
+
+def _task_image(out: Split, task: dict, i: int) -> Image | None:
+    """The Image of a task (no boxes yet): its file beside the export or in images/ there; None when missing or outside."""
+    name = _task_image_name(task, out.source, i)
+    entry = f"task {short_repr(task.get('id', i))}"
+    located = locate(out, [name, Path("images") / name], name, f"{entry} data.image",
+                     f"{out.source}: {entry}: image {short_repr(name)} is missing: skipped")
+    return None if located is None else Image(located[1], safe_name(name, f"{i}.jpg"), *_image_size(located[1]))
 
 
 def _image_size(path: Path) -> tuple[float, float]:

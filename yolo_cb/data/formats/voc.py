@@ -7,6 +7,8 @@ extra dependency is needed. Rules, as Ultralytics' VOC conversion or stricter:
 - the split is the image ids in ``ImageSets/Main/<split>.txt`` (the data YAML key: train, val or test), or a list
   named directly (``train: VOC2012/ImageSets/Main/trainval.txt``); an id listed twice is read once and counted;
 - each id's image is ``JPEGImages/<id>.jpg``, else the file the XML's ``<filename>`` names;
+- the VOC folder is the dataset root: an id whose annotation or image resolves outside it (``../``, an absolute id, a
+  link that points out) is skipped, counted and summed up in one note; nothing outside is read;
 - ``<difficult>1</difficult>`` objects are skipped and counted (as Ultralytics); an image with no object left is a
   background;
 - box corners are VOC's 1-based pixels, made 0-based by subtracting 1 from each (Ultralytics' ``(xmin + xmax) / 2 - 1``
@@ -24,8 +26,8 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, disambiguate, numbers
-from yolo_cb.errors import DataError
+from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, inside_root, locate, numbers
+from yolo_cb.errors import DataError, os_reason, short_repr
 
 DECLARATIONS = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
@@ -67,9 +69,10 @@ def parse_xml(path: Path) -> ET.Element:
 
 
 def read_ids(listed: Path, counts: Counter) -> list[str]:
+    """The image ids of an image-set list, in order, each once (one listed again is counted)."""
     ids: list[str] = []
     seen: set[str] = set()
-    for line in listed.read_text(encoding="utf-8-sig").splitlines():
+    for line in _list_text(listed).splitlines():
         image_id = line.split()[0] if line.split() else ""
         if not image_id:
             continue
@@ -81,6 +84,36 @@ def read_ids(listed: Path, counts: Counter) -> list[str]:
     return ids
 
 
+def _list_text(listed: Path) -> str:
+    try:
+        return listed.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{listed}: not UTF-8 text (byte {error.object[error.start]:#04x} at position {error.start}); an "
+                        f"image-set list is one image id a line, in UTF-8; nothing was written") from None
+    except OSError as error:
+        raise DataError(f"{listed}: cannot be read ({os_reason(error)}); nothing was written") from None
+
+
+def annotation_path(root: Path, image_id: str) -> Path | None:
+    """``Annotations/<id>.xml`` of the VOC folder `root`, resolved; None when it lies outside `root` (an id is read from a
+    list: one with '..', an absolute one elsewhere, a link that points out)."""
+    return inside_root(root, Path("Annotations") / f"{image_id}.xml")
+
+
+def annotation_file(root: Path, image_id: str, source: Path) -> Path | None:
+    """:func:`annotation_path`, or a DataError naming the id and the list `source` when the file is missing."""
+    xml = annotation_path(root, image_id)
+    if xml is None:
+        return None
+    try:
+        if xml.is_file():
+            return xml
+        reason = "is missing"
+    except OSError as error:  # a name too long for the file system
+        reason = f"cannot be looked up ({os_reason(error)})"
+    raise bad_input(source, f"id {short_repr(image_id)}", f"its annotation {root / 'Annotations'}/<id>.xml {reason}")
+
+
 def _text(node: ET.Element, tag: str) -> str | None:
     found = node.find(tag)
     return found.text.strip() if found is not None and found.text is not None else None
@@ -90,8 +123,8 @@ def voc_class_names(root: Path, listed: Path) -> list[str]:
     """Every class name the split's annotations use, sorted (the classes when the YAML gives no names)."""
     found: set[str] = set()
     for image_id in read_ids(listed, Counter()):
-        xml = root / "Annotations" / f"{image_id}.xml"
-        if xml.is_file():
+        xml = annotation_file(root, image_id, listed)
+        if xml is not None:
             found.update(_text(obj, "name") or "" for obj in parse_xml(xml).iter("object"))
     return sorted(found - {""})
 
@@ -103,33 +136,31 @@ def read_voc(path: Path, split: str = "train", names: dict[int, str] | None = No
     root = listed.parents[2] if is_voc_list(listed) else path
     if names is None:
         names = dict(enumerate(voc_class_names(root, listed)))
-    out = Split(listed, [], dict(names))
+    out = Split(listed, [], dict(names), root=root)
     for image_id in read_ids(listed, out.counts):
         image = _read_annotation(root, image_id, names, out)
         if image is not None:
             out.images.append(image)
-    disambiguate(out.images, out.notes)
-    return out
+    return finish(out)
 
 
 def _read_annotation(root: Path, image_id: str, names: dict[int, str], out: Split) -> Image | None:
-    xml = root / "Annotations" / f"{image_id}.xml"
-    if not xml.is_file():
-        raise bad_input(out.source, f"id {image_id!r}", f"its annotation {xml} is missing")
+    xml = annotation_file(root, image_id, out.source)
+    if xml is None:
+        out.leaves_root(image_id)
+        return None
     node = parse_xml(xml)
     size = node.find("size")
     if size is None:
         raise bad_input(xml, "<size>", "is missing: the image's width and height are needed")
     width, height = numbers([_text(size, "width"), _text(size, "height")], 2, xml, "<size>", "width, height", text=True)
-    image_file = root / "JPEGImages" / f"{image_id}.jpg"
-    if not image_file.is_file() and _text(node, "filename"):
-        image_file = root / "JPEGImages" / Path(_text(node, "filename")).name
-    if not image_file.is_file():
-        out.counts["missing_images"] += 1
-        if out.counts["missing_images"] == 1:
-            out.notes.append(f"{xml}: its image {image_file} is missing: skipped")
+    named = _text(node, "filename")
+    candidates = [Path("JPEGImages") / f"{image_id}.jpg"] + ([Path("JPEGImages") / Path(named).name] if named else [])
+    found = locate(out, candidates, image_id, f"id {short_repr(image_id)} <filename>",
+                   f"{xml}: its image {root / candidates[-1]} is missing: skipped")
+    if found is None:
         return None
-    image = Image(image_file.resolve(), image_file.name, width, height)
+    image = Image(found[1], found[0].name, width, height)
     objects = list(node.iter("object"))
     by_name = class_map([_text(o, "name") or "" for o in objects], names, xml, "<object><name>")
     for k, obj in enumerate(objects):
