@@ -1,7 +1,9 @@
 """Issue 59, section 3: files we open in run folders we did not make. A `.lock` that is a hard link to a file elsewhere
 is refused and that file keeps its bytes; a `.lock` that is a FIFO or a folder is one line and exit 2, never a hang or a
 traceback. A process forked by a callback that outlives the run does not keep the folder locked; a process that does
-hold the lock (its descriptor passed on) is the one the refusal names, not the run that has ended."""
+hold the lock (its descriptor passed on) is the one the refusal names, not the run that has ended. Beside the lock: a
+link planted at weights/ is not written through, and a worst_batches image name that is a hard link keeps the other
+file's bytes."""
 
 from __future__ import annotations
 
@@ -142,3 +144,39 @@ def test_a_process_given_the_locks_descriptor_is_the_holder_named(tmp_path):
         except RunFolderInUse:
             assert time.monotonic() < deadline, "the lock stayed held after its holder was killed"
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def planted_folders(tmp_path_factory, shapes_dir):
+    """A one-epoch run (worst_batches=1 on the training batches) into a folder whose weights/ is a link to a folder
+    elsewhere (holding a last.pt and a name like a killed write's temp file) and whose worst/ image name is a hard link."""
+    root = tmp_path_factory.mktemp("folders")
+    outside = root / "outside"
+    outside.mkdir()
+    for name in ("last.pt", ".last.pt.dead.tmp", "image.jpg"):
+        (outside / name).write_bytes(OUTSIDE)
+    job = root / "runs" / "job"
+    (job / "worst").mkdir(parents=True)
+    (job / "weights").symlink_to(outside)
+    os.link(outside / "image.jpg", job / "worst" / "epoch1_train0_batch0.jpg")
+    done = cli(root, *run_settings(root, shapes_dir, worst_batches=1, worst_source="train"), timeout=300)
+    return done, job, outside
+
+
+@pytest.mark.slow
+def test_a_weights_link_in_a_reused_run_folder_is_not_written_through(planted_folders):
+    """weights/ was made with mkdir(exist_ok=True), which accepts a link: last.pt went into the folder it named, and the
+    stale-temp cleanup deleted a file there."""
+    done, job, outside = planted_folders
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == dict.fromkeys(["last.pt", ".last.pt.dead.tmp", "image.jpg"], OUTSIDE)
+    assert not (job / "weights").is_symlink() and (job / "weights" / "last.pt").is_file()
+
+
+@pytest.mark.slow
+def test_a_worst_image_name_that_is_a_hard_link_keeps_the_other_files_bytes(planted_folders):
+    """The worst images were written by cv2.imwrite, which truncates the file at the name: a hard link's other file."""
+    done, job, outside = planted_folders
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (outside / "image.jpg").read_bytes() == OUTSIDE
+    assert (job / "worst" / "epoch1_train0_batch0.jpg").read_bytes()[:2] == b"\xff\xd8"  # the run's own JPEG
