@@ -32,7 +32,8 @@ from yolo_cb.errors import ConfigError
 from yolo_cb.metrics import DetMetrics
 from yolo_cb.nn.postprocess import postprocess
 from yolo_cb.recipe.ema import unwrap
-from yolo_cb.utils.draw import draw_boxes, plot_batch, targets_to_boxes
+from yolo_cb.utils.draw import draw_boxes, plot_batch, targets_to_boxes, write_image
+from yolo_cb.utils.files import own_folder
 
 PRED_CONF = 0.25  # predictions below this score are not drawn
 SOURCES = ("val", "train", "both")  # what is ranked: validation images by AP, training batches by loss, or both
@@ -67,10 +68,7 @@ def draw_side_by_side(stat: dict, names: dict[int, str], path: Path) -> Path:
     labels = _rows(stat["gt_boxes"], np.ones(len(stat["gt_cls"])), stat["gt_cls"])
     keep = np.asarray(stat["pred_scores"]) >= PRED_CONF
     preds = _rows(np.asarray(stat["pred_boxes"])[keep], np.asarray(stat["pred_scores"])[keep], np.asarray(stat["pred_cls"])[keep])
-    canvas = np.concatenate([draw_boxes(image, labels, names), draw_boxes(image, preds, names, scores=True)], 1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), canvas)
-    return path
+    return write_image(path, np.concatenate([draw_boxes(image, labels, names), draw_boxes(image, preds, names, scores=True)], 1))
 
 
 def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
@@ -90,14 +88,10 @@ def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
 
 def draw_batch(trainer, images: torch.Tensor, targets: torch.Tensor, path: Path) -> Path:
     """A training batch as two grids side by side: its labels | the model's predictions now."""
-    import cv2
-
     names = {int(k): str(v) for k, v in trainer.data["names"].items()}
     labels = plot_batch(images, targets_to_boxes(targets, len(images)), names)
     preds = plot_batch(images, predictions(trainer, images), names, scores=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), np.concatenate([labels, preds], 1))
-    return path
+    return write_image(path, np.concatenate([labels, preds], 1))
 
 
 @integration("worst_batches", enabled=lambda args: bool(args.worst_batches))
@@ -142,7 +136,7 @@ class WorstImages:
         chosen = sorted(self._heap, key=lambda e: (-e[0], e[1]))
         self.worst_train = [(trainer.epoch, batch_i, loss) for loss, batch_i, _, _ in chosen]
         for rank, (_, batch_i, images, targets) in enumerate(chosen):
-            path = Path(trainer.save_dir) / "worst" / f"epoch{trainer.epoch + 1}_train{rank}_batch{batch_i}.jpg"
+            path = own_folder(Path(trainer.save_dir), "worst") / f"epoch{trainer.epoch + 1}_train{rank}_batch{batch_i}.jpg"
             trainer.new_images.append(draw_batch(trainer, images, targets, path))
         self._heap = []
 
@@ -154,7 +148,6 @@ class WorstImages:
             return
         chosen = worst(validator.stats, validator.nc, self._k(trainer))
         self.worst = [(str(s["im_file"]), ap) for s, ap in chosen]
-        folder = Path(validator.save_dir) / "worst"
-        for rank, (stat, _) in enumerate(chosen):
-            path = folder / f"epoch{trainer.epoch + 1}_{rank}_{Path(stat['im_file']).stem}.jpg"
+        for rank, (stat, _) in enumerate(chosen):  # own_folder: a link planted at worst/ is replaced, not followed
+            path = own_folder(Path(validator.save_dir), "worst") / f"epoch{trainer.epoch + 1}_{rank}_{Path(stat['im_file']).stem}.jpg"
             trainer.new_images.append(draw_side_by_side(stat, validator.names, path))

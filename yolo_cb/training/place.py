@@ -18,7 +18,7 @@ from yolo_cb.recipe.ema import unwrap
 from yolo_cb.settings.config import save_config
 from yolo_cb.training import resume, resume_state
 from yolo_cb.utils import dist as distributed
-from yolo_cb.utils.files import run_dir
+from yolo_cb.utils.files import own_folder, run_dir
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.run_lock import RunFolderInUse, RunLock, lock_run_folder
 
@@ -112,7 +112,7 @@ def make_save_dir(place: Place, args: Any, ckpt: Checkpoint | None) -> None:
     place.save_dir = Path(folder)
     place.wdir = place.save_dir / "weights"
     if is_main:
-        place.wdir.mkdir(parents=True, exist_ok=True)
+        own_folder(place.save_dir, "weights")  # a link planted at weights/ is replaced by a real folder, never written through
         remove_stale_temp_files(place.save_dir, place.wdir)
         save_config(args, place.save_dir / "args.yaml")
         if ckpt is not None:

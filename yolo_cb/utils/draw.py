@@ -107,12 +107,21 @@ def plot_batch(images: torch.Tensor, boxes: Sequence[np.ndarray | torch.Tensor],
         y, x = r * (th + gap), c * (tw + gap)
         canvas[y : y + th, x : x + tw] = img
     if path is not None:
-        path = Path(path)
-        ok, encoded = cv2.imencode(path.suffix or ".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-        if not ok:
-            raise OSError(f"could not write image {path}")
-        atomic_write_bytes(path, encoded.tobytes())  # as every file of a run: a link planted at the name is not followed
+        write_image(path, canvas)
     return canvas
+
+
+def write_image(path: str | Path, image: np.ndarray) -> Path:
+    """`image` (BGR) encoded by its suffix (.jpg when none) and written as every file of a run: to a new temp name renamed
+    over `path`, so a file planted at the name (a link, a hard link) is replaced, never written through."""
+    import cv2
+
+    path = Path(path)
+    ok, encoded = cv2.imencode(path.suffix or ".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+    if not ok:
+        raise OSError(f"could not write image {path}")
+    atomic_write_bytes(path, encoded.tobytes())
+    return path
 
 
 def targets_to_boxes(targets: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
