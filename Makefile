@@ -24,7 +24,7 @@ demo: venv
 	$(BIN)/python scripts/demo.py
 
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15  # the 15 slowest: the next slow test shows when it lands
 
 # The tests whose figures come from trained models or reference outputs, run as other CPU kinds would run them: each
 # ISA_KINDS entry is oneDNN's ceiling (ONEDNN_MAX_CPU_ISA: AVX, AVX2, AVX512_CORE, AVX512_CORE_BF16, ...; SSE41 makes

@@ -43,9 +43,9 @@ def test_wheel_install_runs_cfg_and_resolves_shapes(tmp_path):
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)])
     wheel = next(dist.glob("yolo_cb-*.whl"))
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)])
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])  # this pip installs into it: no ensurepip (7-10 s)
     py = venv / "bin" / "python"
-    run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index", str(wheel)])
     # dependencies (torch & co.) come from this interpreter's site-packages, as --system-site-packages would
     site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
