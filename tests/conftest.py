@@ -85,14 +85,7 @@ def shapes_yaml(tmp_path_factory, shapes_dir) -> Path:
 @pytest.fixture(scope="session")
 def shapes_small_yaml(tmp_path_factory, shapes_dir) -> Path:
     """A small subset of shapes (32 train / 16 val images via .txt lists) for fast trainings."""
-    folder = tmp_path_factory.mktemp("shapes_small")
-    train = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:32]
-    val = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[:16]
-    (folder / "train.txt").write_text("\n".join(map(str, train)) + "\n")
-    (folder / "val.txt").write_text("\n".join(map(str, val)) + "\n")
-    path = folder / "shapes_small.yaml"
-    path.write_text(f"path: {folder}\ntrain: train.txt\nval: val.txt\nnames: [circle, rectangle, triangle, cross]\n")
-    return path
+    return _small_shapes_yaml(tmp_path_factory.mktemp("shapes_small"), shapes_dir)
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +119,58 @@ def yolocb_yaml(tmp_path):
     return write
 
 
+def _shared_root(tmp_path_factory, worker_id: str) -> Path:
+    """A folder every process of this test run sees (pytest-xdist's workers share the parent of their base temp)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base if worker_id == "master" else base.parent) / "shared_trainings"
+
+
+@pytest.fixture(scope="session")
+def trained_copy(tmp_path_factory, shapes_dir, worker_id):
+    """trained_copy(dest, **settings) -> dest/<run>: a copy of the run folder of a tiny training (TINY on 32 / 16 shapes
+    images, with `settings` over it), trained once per test run whichever process asks first, under a file lock, in a
+    folder keyed by the settings. For tests that need *a* trained model (to validate, predict, export, resume or
+    craft); a test about how a model is trained keeps its own training. Each caller gets its own copy to write into."""
+    import hashlib
+    import json
+    import shutil
+
+    from filelock import FileLock
+
+    root = _shared_root(tmp_path_factory, worker_id)
+    root.mkdir(parents=True, exist_ok=True)
+
+    def get(dest: Path, **settings) -> Path:
+        run = {**TINY, "name": "run", **settings}
+        key = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        folder = root / key
+        with FileLock(str(root / f"{key}.lock")):
+            if not (folder / "done").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                data = _small_shapes_yaml(folder / "data", shapes_dir)
+                from yolo_cb import YOLO
+
+                YOLO(run.pop("model")).train(**run, data=str(data), project=str(folder / "runs"))
+                (folder / "done").write_text(json.dumps(settings, default=str))
+        target = Path(dest) / run["name"]
+        shutil.copytree(folder / "runs" / run["name"], target)
+        return target
+
+    return get
+
+
+def _small_shapes_yaml(folder: Path, shapes_dir: Path) -> Path:
+    """32 train / 16 val shapes images listed in place (the shapes_small_yaml subset), and the data YAML naming them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:32]
+    val = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[:16]
+    (folder / "train.txt").write_text("\n".join(map(str, train)) + "\n")
+    (folder / "val.txt").write_text("\n".join(map(str, val)) + "\n")
+    path = folder / "shapes_small.yaml"
+    path.write_text(f"path: {folder}\ntrain: train.txt\nval: val.txt\nnames: [circle, rectangle, triangle, cross]\n")
+    return path
+
+
 @pytest.fixture
 def tiny(tmp_path, shapes_small_yaml):
     """Keyword arguments for a tiny training run in tmp_path."""
@@ -140,3 +185,13 @@ def postgres():
     server = PostgresServer().start()
     yield server
     server.stop()
+
+
+def pytest_unconfigure(config):
+    """The suite's own config folder (pytest_configure) goes with the run: an in-process TorchScript export writes its
+    key and records there (yolo_cb/prediction/model_trust.py)."""
+    import shutil
+
+    folder = os.environ.get("YOLO_CB_CONFIG_DIR", "")
+    if "yolo-cb-no-user-settings-" in folder:
+        shutil.rmtree(folder, ignore_errors=True)

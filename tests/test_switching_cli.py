@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from yolo_cb import YOLO
-
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
@@ -60,12 +58,8 @@ def test_wandb_asked_for_without_the_package_is_one_line_before_any_work(tiny, t
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, shapes_small_yaml) -> Path:
-    from conftest import TINY
-
-    folder = tmp_path_factory.mktemp("cli_run")
-    YOLO("yolox-nano.yaml").train(**{**TINY, "data": str(shapes_small_yaml), "project": str(folder), "name": "exp"})
-    return folder / "exp" / "weights" / "best.pt"
+def checkpoint(tmp_path_factory, trained_copy) -> Path:
+    return trained_copy(tmp_path_factory.mktemp("cli_run"), name="exp") / "weights" / "best.pt"  # TINY, trained once per test run
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import TINY
 from test_ultralytics_silent import assert_same_detections, boxes_of
 
@@ -22,17 +23,17 @@ QUICK = {k: v for k, v in TINY.items() if k != "model"}
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shapes_small_yaml):
+def trained(tmp_path_factory, shapes_small_yaml, trained_copy):
     """best.pt of a one-epoch yolocb-n training on shapes_small, and four of its validation images."""
     root = tmp_path_factory.mktemp("missing")
-    model = YOLO("yolocb-n.yaml")
-    model.train(**{**QUICK, "data": str(shapes_small_yaml), "project": str(root / "runs"), "name": "exp"})
+    run = trained_copy(root / "runs", model="yolocb-n.yaml", name="exp")  # trained once per test run
+    weights, data = run / "weights" / "best.pt", yaml.safe_load((run / "args.yaml").read_text())["data"]  # the 32 / 16 images it trained on
     images = root / "images"
     images.mkdir()
     val = [Path(p) for p in Path(str(shapes_small_yaml).replace("shapes_small.yaml", "val.txt")).read_text().split()]
     for p in val[:4]:
         shutil.copy(p, images / p.name)
-    return {"weights": model.source, "images": images, "data": str(shapes_small_yaml), "root": root}
+    return {"weights": str(weights), "images": images, "data": data, "root": root}
 
 
 @pytest.fixture
@@ -44,10 +45,13 @@ def log_lines():
         def emit(self, record):
             lines.append(record.getMessage())
 
-    handler = Keep()
-    logging.getLogger("yolo_cb").addHandler(handler)
+    handler, logger = Keep(), logging.getLogger("yolo_cb")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # as a training sets it (setup_logging): this process may not have trained
     yield lines
-    logging.getLogger("yolo_cb").removeHandler(handler)
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 # --- 1. YOLO(yaml).load(weights): every mode then uses the loaded weights --------------------------------------------------
