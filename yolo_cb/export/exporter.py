@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from torch import nn
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.checkpoints.checkpoint import load_checkpoint, model_from_checkpoint
 from yolo_cb.data.verify import imread
+from yolo_cb.errors import WriteError
 from yolo_cb.export.calibration_images import dataset_image, sample_image  # noqa: F401 - public here too
 from yolo_cb.export.convert import (
     FORMATS,
@@ -52,7 +52,8 @@ from yolo_cb.export.formats import (  # noqa: F401 - public here too
 )
 from yolo_cb.export.mobile import MOBILE_FORMATS, check_coreml, focus_as_conv, write_mobile
 from yolo_cb.export.verify import match_detections, run_backend, side_by_side
-from yolo_cb.prediction.backend import TORCHSCRIPT_META, max_stride
+from yolo_cb.prediction.backend import TORCHSCRIPT_META, TorchScriptBackend, max_stride
+from yolo_cb.prediction.model_trust import record_export
 from yolo_cb.prediction.predictor import preprocess
 from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils.device import select_device
@@ -109,14 +110,12 @@ def verify_onnx(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) 
 
 
 def verify_torchscript(path: str | Path, model: nn.Module, image_tensor: torch.Tensor) -> dict[str, float]:
-    """Run `path` with torch.jit.load and compare with `model` (see `compare`)."""
+    """Run `path` as predict would (refused unless recorded as ours: see record_export) and compare with `model`."""
     param = next(model.parameters())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-        loaded = torch.jit.load(str(path), map_location=param.device).eval()
+    loaded = TorchScriptBackend(str(path), device=param.device, fp16=False)
     with torch.no_grad():
-        output = loaded(image_tensor.to(param.device, param.dtype))
-    return compare(output, torch_reference(model, image_tensor))
+        output = loaded.model(image_tensor.to(param.device, param.dtype))
+    return compare(output[0] if isinstance(output, (list, tuple)) else output, torch_reference(model, image_tensor))
 
 
 def verify_backend(path: str | Path, model: nn.Module, image_tensor: torch.Tensor, fmt: str = "openvino") -> dict[str, float]:
@@ -270,9 +269,10 @@ class Exporter:
 
     def _write(self, fmt: str, staged: Path, module: nn.Module, imgsz: tuple[int, int], batch: int, calib: list | None) -> Path:
         """Serialise into the staged temp file / folder; returns the file to verify."""
-        if fmt == "torchscript":
-            staged.write_bytes(torchscript_bytes(module, imgsz, dynamic=bool(self.args.dynamic), batch=batch, metadata=self.metadata,
-                                                 meta_key=TORCHSCRIPT_META))
+        if fmt == "torchscript":  # a program: recorded as ours before anything loads it (predict and val refuse others)
+            data = torchscript_bytes(module, imgsz, dynamic=bool(self.args.dynamic), batch=batch, metadata=self.metadata, meta_key=TORCHSCRIPT_META)
+            record_export(data, self.output)
+            staged.write_bytes(data)
             return staged
         if fmt in MOBILE_FORMATS:
             module = focus_as_conv(module)  # YOLOX's strided slices as a convolution: the same outputs, a portable graph
@@ -307,7 +307,7 @@ class Exporter:
     def _serialise(self, fmt: str, staged: Path, module: nn.Module, imgsz: tuple[int, int], batch: int, calib: list | None, source: Any) -> Path:
         try:
             return self._write(fmt, staged, module, imgsz, batch, calib)
-        except ExportError:
+        except (ExportError, WriteError):
             raise
         except Exception as error:
             raise ExportError(f"{fmt} export of {source} failed: {type(error).__name__}: {error}") from error

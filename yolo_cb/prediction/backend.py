@@ -10,6 +10,7 @@ NMS in its graph (`nms=True`) returns (B, max_det, 6) instead and says so in `ba
 
 from __future__ import annotations
 
+import io
 import warnings
 import zipfile
 from pathlib import Path
@@ -20,7 +21,7 @@ from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
 from yolo_cb.errors import ConfigError
-from yolo_cb.prediction import torchscript_check
+from yolo_cb.prediction import model_trust, torchscript_check
 from yolo_cb.prediction.backend_base import DEFAULT_STRIDE, Backend, max_stride  # noqa: F401 - public here too
 from yolo_cb.prediction.mobile_backends import mobile_backend
 from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
@@ -127,15 +128,20 @@ class TorchScriptBackend(Backend):
     kind = "torchscript"
     label = "TorchScript"
 
-    def __init__(self, path: str, *, device: torch.device, fp16: bool):
+    def __init__(self, path: str, *, device: torch.device, fp16: bool, trust: bool = False):
+        """trust: load the file although yolo-cb did not write it for this user (model_trust.py); it is a program."""
         extra = {TORCHSCRIPT_META: ""}
-        torchscript_check.check_archive(Path(path))  # a TorchScript file is code: nothing of it runs while loading
+        reason = not_torchscript(Path(path))  # a renamed checkpoint, an empty file: said as such, nothing loaded
+        if reason:
+            raise bad_model_file(Path(path), self.label, reason)
+        data = model_trust.loadable_bytes(Path(path), self.label, trust)  # ours, or trusted: else refused before torch sees it
+        torchscript_check.check_archive(data, Path(path))  # and then, as defence in depth, nothing of it runs while loading
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
             try:
-                self.model = torch.jit.load(str(path), map_location=device, _extra_files=extra).eval()
+                self.model = torch.jit.load(io.BytesIO(data), map_location=device, _extra_files=extra).eval()
             except RuntimeError as error:
-                raise bad_model_file(Path(path), self.label, unreadable_torchscript(Path(path), error)) from None
+                raise bad_model_file(Path(path), self.label, f"torch.jit.load cannot read it ({first_line(error)})") from None
         torchscript_check.check_graph(self.model, Path(path))  # and it runs only when all of it is tensor maths
         meta = metadata_from_text(extra[TORCHSCRIPT_META], Path(path), self.label) if extra[TORCHSCRIPT_META] else {}
         dynamic = bool(meta.get("dynamic", False))
@@ -198,24 +204,33 @@ def partial_dims(shape: Any) -> list[int | None]:
     return [d.get_length() if d.is_static else None for d in shape]
 
 
-def unreadable_torchscript(path: Path, error: RuntimeError) -> str:
-    """Why torch.jit.load could not read `path`, for the one-line error (a checkpoint renamed, a truncated file, ...)."""
+def not_torchscript(path: Path) -> str | None:
+    """Why `path` cannot be a TorchScript archive (empty, truncated, a renamed checkpoint, ...), from its zip directory
+    alone (nothing of it is deserialised), or None."""
     if path.stat().st_size == 0:
         return "the file is empty"
     if not zipfile.is_zipfile(path):
         return "it is not a TorchScript archive (truncated, or another kind of file)"
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        return "it is not a TorchScript archive (truncated, or another kind of file)"
     if any(n.endswith("/data.pkl") for n in names) and not any("/code/" in n for n in names):
         return "it is a PyTorch checkpoint (torch.save), not a TorchScript archive: give it as a .pt file"
-    return f"torch.jit.load cannot read it ({str(error).strip().splitlines()[0][:200]})"
+    return None
 
 
-def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None) -> Backend:
+def first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+
+
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None, trust: bool = False) -> Backend:
     """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file, a `.torchscript` file or an OpenVINO folder / .xml.
 
     fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
     threads: intra-op threads of ONNX Runtime / OpenVINO (None: the runtime's default; PyTorch: torch.set_num_threads).
+    trust: load a TorchScript file yolo-cb did not write for this user (the `trust` setting; see model_trust.py).
     """
     dev = select_device(device)
     if fp16 and dev.type != "cuda":
@@ -238,7 +253,7 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if suffix == ".onnx":
         return ONNXBackend(str(path), device=dev, fp16=fp16, threads=threads)
     if suffix in (".torchscript", ".ts", ".jit"):
-        return TorchScriptBackend(str(path), device=dev, fp16=fp16)
+        return TorchScriptBackend(str(path), device=dev, fp16=fp16, trust=trust)
     if suffix in (".pt", ".pth"):
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))
     raise ValueError(f"unsupported model file '{path}': expected .pt, .onnx, .torchscript, .mnn, .tflite, .pte, an OpenVINO "

@@ -116,7 +116,7 @@ class Predictor:
         if model is None:
             raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
         if self.backend is None or model is not self._model_source:
-            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half))
+            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half), trust=bool(self.args.trust))
             self._model_source = model
         size = self.args.imgsz
         self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))

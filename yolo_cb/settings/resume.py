@@ -25,8 +25,9 @@ RESUME_MUTABLE = frozenset(key for key, rule in RULES.items() if rule.resume)
 # Settings that name code to import: never taken from a checkpoint; a resume needs them given again.
 CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
 # Settings never taken from a checkpoint, silently: a settings file (whose values the checkpoint already records, and
-# which may declare code) and places to write (or a server to write to): the user's value, else the default.
-PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir")
+# which may declare code), places to write (or a server to write to) and trust (the permission to run a model file's
+# code): the user's value, else the default.
+PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir", "trust")
 
 
 def resume_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path, trains: bool) -> tuple[dict[str, Any], Config]:

@@ -87,6 +87,7 @@ class Settings:
     task: Annotated[str, _enum("detect")]
     mode: Annotated[str, _enum("train", "val", "predict", "export", "tune", "benchmark", **R)]
     model: Annotated[str | None, _k("text")]
+    trust: Annotated[bool, _k("bool")]
     data: Annotated[str | None, _k("text")]
     cfg: Annotated[str | None, _k("text")]
     # training
