@@ -331,10 +331,12 @@ def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_
     """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given.
 
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
-    (data/formats/cache.py); without `names:` the train split's categories are the names."""
+    (data/formats/cache.py); without `names:` the train split's categories are the names. A COCO JSON inside the root
+    that `path:` gives has that root as its dataset root (coco.coco_root); without `path:` its own."""
     from yolo_cb.data.formats.cache import materialise
 
     out = {"yaml_file": str(yaml_file), "path": str(root)}
+    given_root = root if cfg.get("path") not in (None, "") else None  # never the YAML's folder: it may be a home folder
     category_ids = None
     if names is None:
         names, category_ids = _source_names({"train": _split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
@@ -343,7 +345,7 @@ def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_
                                      f"classes; correct nc or leave it out")
 
     def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = [materialise(p, key.split(":")[0], names, ddir) for p in _split_paths(value, root, key, yaml_file) or []] or None
+        paths = [materialise(p, key.split(":")[0], names, ddir, given_root) for p in _split_paths(value, root, key, yaml_file) or []] or None
         return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
 
     for key in SPLIT_KEYS:
