@@ -7,7 +7,7 @@ skipped (unreadable, a bad label file), and boxes per class. Warned about, each 
 - boxes outside the image (clipped or dropped, by the label check or by the COCO/VOC conversion), boxes without
   area, and what a COCO/VOC conversion skipped or renamed (iscrowd, difficult, missing image files, a file name that
   would share a label file);
-- tiny boxes: a side under ``TINY_PX`` pixels of the original image;
+- tiny boxes: a side under ``TINY_PX`` pixels of the original image; polygon (segmentation) rows, trained as their boxes;
 - the same image (same bytes, by SHA-1) in two splits, or twice in one;
 - a class with boxes in a validation or test split and none in train; a class without any box in train.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.data.label_file import polygons_boxed
 from yolo_cb.data.verify import img2label_path, list_image_files, verify_all
 from yolo_cb.utils.log import printable
 
@@ -47,6 +48,7 @@ class SplitReport:
     conversion: dict = field(default_factory=dict)
     conversion_notes: list[str] = field(default_factory=list)  # a renamed duplicate file name, a missing image file
     hashes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    polygons: int = 0  # polygon rows boxed
 
 
 def _splits(data: dict) -> dict[str, object]:
@@ -88,6 +90,7 @@ def _add_entry(report: SplitReport, entry: dict) -> None:
         report.skipped.append(f"{im_file}: {entry['corrupt']}")
         return
     report.images += 1
+    report.polygons += entry["polygons"]
     report.hashes[_file_hash(im_file)].append(im_file)
     report.outside += [f"{img2label_path(im_file)}: {note}" for note in entry["notes"] if "outside" in note]
     labels = np.array(entry["labels"], dtype=np.float64).reshape(-1, 5)
@@ -124,6 +127,8 @@ def warnings(reports: list[SplitReport], names: dict[int, str]) -> list[str]:
                             (r.tiny, f"tiny box(es) (a side under {TINY_PX:g} px)")):
             if items:
                 out.append(f"{r.name}: {len(items)} {what}: {_examples(items)}")
+        if r.polygons:
+            out.append(f"{r.name}: {polygons_boxed(r.polygons)}")
         if r.conversion:
             from yolo_cb.data.formats.common import COUNT_WORDS
 

@@ -5,9 +5,11 @@
 Every split is read first; bad input raises a DataError naming the file and the entry before anything is written.
 The dataset is written under a temp name beside ``out`` and renamed into place, so ``out`` is whole or absent.
 
-Splits: COCO, every ``*.json`` in the source folder and its subfolders (or the one JSON given), each named by its
-stem less ``instances_``; VOC, every ``ImageSets/Main/<split>.txt`` (class lists ``<class>_<split>.txt`` left
-out); LabelMe and Label Studio have none: one split, ``train``, which data.yaml also names as ``val`` (said).
+Splits: COCO, every ``*.json`` in the source folder and its subfolders (less a ``<kind>_<split>.json`` beside that
+split's ``instances_<split>.json``: COCO 2017's captions and keypoints, said), or the one JSON given, each named by
+``coco.split_name`` (its stem less ``instances_``; Roboflow's ``<split>/_annotations.coco.json``, its folder); each
+JSON's images are looked for as coco.py says, inside its root (``coco.coco_root``); VOC, every
+``ImageSets/Main/<split>.txt`` (class lists ``<class>_<split>.txt`` left out); LabelMe and Label Studio have none: one split, ``train``, which data.yaml also names as ``val`` (said).
 Classes: ``names=`` (a comma list) when given, else the first split's (COCO: its categories; the others: every
 label met, sorted); the other splits are matched to them by name.
 """
@@ -30,17 +32,31 @@ TRAIN_WORDS, VAL_WORDS = ("train", "trainval"), ("val", "test")
 
 
 def _coco_files(source: Path) -> list[Path]:
+    from yolo_cb.data.formats.coco import split_name
+
     if source.is_file():
         return [source]
     found = sorted(p for p in source.rglob("*.json") if p.is_file())
     if not found:
         raise DataError(f"source={source}: no COCO *.json in it or its subfolders")
-    stems = [f.stem.removeprefix("instances_") for f in found]
+    other_kinds = [f for f in found if _beside_instances(f)]
+    if other_kinds:
+        LOGGER.info(f"source={source}: left out, as another kind of annotation of a split whose instances_*.json (boxes) "
+                    f"is converted: {', '.join(printable(f.name) for f in other_kinds)}")
+        found = [f for f in found if f not in other_kinds]
+    stems = [split_name(f) for f in found]
     twice = next((s for s in stems if stems.count(s) > 1), None)
     if twice:
         raise DataError(f"source={source}: two JSON files would be the split {twice!r}: "
                         f"{', '.join(str(f) for f, s in zip(found, stems, strict=True) if s == twice)}; convert each on its own")
     return found
+
+
+def _beside_instances(path: Path) -> bool:
+    """Whether `path` is another kind of annotation of a split beside that split's instances JSON (COCO 2017's
+    annotations/ holds captions_train2017.json and person_keypoints_train2017.json beside instances_train2017.json)."""
+    split = path.stem.rsplit("_", 1)[-1]
+    return not path.name.startswith("instances_") and "_" in path.stem and (path.parent / f"instances_{split}.json").is_file()
 
 
 def _train_first(names: list[str]) -> list[str]:
@@ -50,9 +66,9 @@ def _train_first(names: list[str]) -> list[str]:
 def read_splits(source: Path, fmt: str, names: dict[int, str] | None) -> dict[str, Split]:
     """{split name: Split}, the train-like split first; its classes are the others'."""
     if fmt == "coco":
-        from yolo_cb.data.formats.coco import read_coco
+        from yolo_cb.data.formats.coco import read_coco, split_name
 
-        files = {f.stem.removeprefix("instances_"): f for f in _coco_files(source)}
+        files = {split_name(f): f for f in _coco_files(source)}
         return _read_each(_train_first(list(files)), lambda split, n: read_coco(files[split], n), names)
     if fmt == "voc":
         from yolo_cb.data.formats.voc import is_voc_folder, read_voc

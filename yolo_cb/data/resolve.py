@@ -6,7 +6,7 @@ A dataset YAML (Ultralytics-compatible)::
     train: images/train        # folder(s) or .txt list(s), relative to path
     val: images/val            # several validation sets: a list of paths (named by stem) or {name: path}
     test:                      # optional
-    names: {0: person, ...}    # or a list
+    names: {0: person, ...}    # or a list; left out: `nc: 4` names them class_0 ... class_3 (as Ultralytics)
     download: https://.../coco8.zip   # optional: archive fetched when the images are missing
     generate: {kind: shapes, seed: 0, train: 320, val: 100}  # optional: synthetic data made when missing
 
@@ -191,7 +191,7 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
     ddir = resolve_datasets_dir(datasets_dir)
     places = _candidate_roots(cfg, yaml_file, ddir)
     if names is None and not _names_in_source(cfg, places, yaml_file):
-        raise names_missing(yaml_file)
+        names = numbered_names(cfg, yaml_file)
     root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
     if root is None and download:
@@ -228,8 +228,31 @@ def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int
 
 
 def names_missing(yaml_file: Path) -> DatasetConfigError:
-    return DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]' "
-                              f"(only a COCO JSON or a VOC train split gives the names itself)")
+    return DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]', or "
+                              f"give the number of classes, e.g. 'nc: 2' (named class_0, class_1); only a COCO JSON or a VOC "
+                              f"train split gives the names itself")
+
+
+def _nc(cfg: dict, yaml_file: Path) -> int | None:
+    """The YAML's `nc:` (the number of classes) as a positive integer; None when not given."""
+    raw = cfg.get("nc")
+    if raw is None:
+        return None
+    nc = _class_id(raw)
+    if nc is None or nc < 1:
+        raise DatasetConfigError(f"{yaml_file}: 'nc' must be the number of classes (a whole number of 1 or more), got {short_repr(raw)}")
+    return nc
+
+
+def numbered_names(cfg: dict, yaml_file: Path) -> dict[int, str]:
+    """The names of a YAML with `nc:` and no `names:`: class_0 ... class_{nc-1}, as Ultralytics names them (said in
+    one line); without `nc:` either, the names_missing error."""
+    nc = _nc(cfg, yaml_file)
+    if nc is None:
+        raise names_missing(yaml_file)
+    LOGGER.info(f"{yaml_file.name}: no 'names', 'nc: {nc}': the classes are named class_0 ... class_{nc - 1} (as Ultralytics "
+                f"names them); add 'names:' to name them")
+    return {i: f"class_{i}" for i in range(nc)}
 
 
 def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
@@ -251,7 +274,7 @@ def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
             example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
             raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
     names = parse_names(cfg["names"], yaml_file)
-    if cfg.get("nc") is not None and int(cfg["nc"]) != len(names):
+    if _nc(cfg, yaml_file) not in (None, len(names)):
         raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
     return cfg, names
 
@@ -308,16 +331,21 @@ def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_
     """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given.
 
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
-    (data/formats/cache.py); without `names:` the train split's categories are the names."""
+    (data/formats/cache.py); without `names:` the train split's categories are the names. A COCO JSON inside the root
+    that `path:` gives has that root as its dataset root (coco.coco_root); without `path:` its own."""
     from yolo_cb.data.formats.cache import materialise
 
     out = {"yaml_file": str(yaml_file), "path": str(root)}
+    given_root = root if cfg.get("path") not in (None, "") else None  # never the YAML's folder: it may be a home folder
     category_ids = None
     if names is None:
         names, category_ids = _source_names({"train": _split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
+        if _nc(cfg, yaml_file) not in (None, len(names)):
+            raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but the train split's annotations give {len(names)} "
+                                     f"classes; correct nc or leave it out")
 
     def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = [materialise(p, key.split(":")[0], names, ddir) for p in _split_paths(value, root, key, yaml_file) or []] or None
+        paths = [materialise(p, key.split(":")[0], names, ddir, given_root) for p in _split_paths(value, root, key, yaml_file) or []] or None
         return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
 
     for key in SPLIT_KEYS:

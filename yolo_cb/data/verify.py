@@ -5,11 +5,9 @@ What is checked (a bad image or label never stops a run; it is skipped or fixed,
 - images: unreadable, empty, zero-size, truncated (a JPEG must end with the FF D9 marker),
   unsupported suffix; each image is decoded with :func:`imread`, the function the loader uses, so an
   image that passes is one the loader can read, and its size is the decoded one (after EXIF rotation);
-- label files (``class cx cy w h`` per line, normalised): a line with the wrong number of
-  columns, a non-number, or a class id that is not an integer in ``[0, nc)`` makes the whole
-  label untrustworthy, so the image is skipped;
-- boxes whose corners leave ``[0, 1]`` by at most ``COORD_TOLERANCE`` (1% of the image) are
-  clipped; boxes further out, or with no area, are dropped; duplicate rows are removed.
+- label files (``class cx cy w h`` per line, normalised; a polygon row ``class x1 y1 ... xn yn`` is its bounding
+  box): read by :func:`yolo_cb.data.label_file.verify_label`, whose docstring says what skips an image and what is
+  fixed; the polygon rows boxed are summed up in one line per split.
 
 A missing or empty label file means a background image. Results are cached in
 ``<labels folder>.yolo_cb.cache`` beside the labels folder (JSON), keyed by a hash of the
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.data.label_file import polygons_boxed, read_regular_text, verify_label
 from yolo_cb.data.npy_cache import cache_home, cache_place
 from yolo_cb.utils.files import atomic_write_text
 
@@ -36,9 +35,8 @@ LOGGER = logging.getLogger("yolo_cb")
 IMG_SUFFIXES = frozenset({".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
 # image types a folder may hold that OpenCV cannot read: listed so the user hears about them
 UNSUPPORTED_IMG_SUFFIXES = {".gif", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng", ".pfm"}
-COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
-ROUNDING = 1e-4  # excursions this small come from rounded coordinates: clipped without a note
-CACHE_VERSION = 2  # 2: images verified by decoding them with imread (the loader's decoder), labels read with utf-8-sig
+CACHE_VERSION = 3  # 2: images verified by decoding them with imread (the loader's decoder), labels read with utf-8-sig;
+# 3: polygon rows boxed and counted (label_file.py)
 CACHE_SUFFIX = ".yolo_cb.cache"
 MAX_LISTED = 10  # problems named in full in the warning; the rest are counted
 
@@ -188,85 +186,16 @@ def verify_image(im_file: str) -> tuple[tuple[int, int] | None, str | None]:
     return (h, w), None
 
 
-class NotARegularFile(OSError):
-    """A label path that names a folder, a FIFO, a device or a socket."""
-
-
-def read_regular_text(path: str) -> str:
-    """The text of the regular file `path` (a byte order mark, from Windows editors, is not data); NotARegularFile for
-    anything else. O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and is refused unread."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile(path)
-        return f.read().decode("utf-8-sig")
-
-
-def verify_label(lb_file: str, nc: int) -> dict:
-    """Parse one label file. Returns ``labels`` ((n, 5) rows), ``notes``, ``missing`` and ``corrupt`` (reason or None)."""
-    out = {"labels": np.zeros((0, 5), np.float32), "notes": [], "missing": False, "corrupt": None}
-    try:
-        text = read_regular_text(lb_file)
-    except FileNotFoundError:
-        out["missing"] = True
-        return out
-    except NotARegularFile:
-        out["corrupt"] = "is not a regular file (a folder, FIFO, device or socket)"
-        return out
-    except (OSError, UnicodeDecodeError) as e:
-        out["corrupt"] = f"unreadable ({e})"
-        return out
-    rows, dropped, clipped = [], 0, 0
-    for lineno, line in enumerate(text.splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        if len(parts) != 5:
-            out["corrupt"] = f"line {lineno} has {len(parts)} columns, expected 5 (class cx cy w h)"
-            return out
-        try:
-            c, cx, cy, w, h = (float(v) for v in parts)
-        except ValueError:
-            out["corrupt"] = f"line {lineno} has a non-number: '{line.strip()}'"
-            return out
-        if not np.isfinite([c, cx, cy, w, h]).all():
-            out["corrupt"] = f"line {lineno} has a non-finite value: '{line.strip()}'"
-            return out
-        if c != int(c) or not 0 <= c < nc:
-            out["corrupt"] = f"line {lineno}: class id {parts[0]} is not an integer in [0, {nc}) (nc={nc})"
-            return out
-        x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-        if w <= 0 or h <= 0 or min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
-            dropped += 1
-            continue
-        if min(x1, y1) < 0 or max(x2, y2) > 1:
-            clipped += min(x1, y1) < -ROUNDING or max(x2, y2) > 1 + ROUNDING  # rounding in the file is not worth a note
-            x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
-            if x2 - x1 <= 0 or y2 - y1 <= 0:
-                dropped += 1
-                continue
-        rows.append((c, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1))
-    if dropped:
-        out["notes"].append(f"{dropped} box(es) outside the image by more than {COORD_TOLERANCE:.0%} or without area dropped")
-    if clipped:
-        out["notes"].append(f"{clipped} box(es) slightly outside the image clipped")
-    labels = np.array(rows, dtype=np.float32).reshape(-1, 5)
-    _, first = np.unique(labels, axis=0, return_index=True)
-    if len(first) < len(labels):
-        out["notes"].append(f"{len(labels) - len(first)} duplicate row(s) removed")
-        labels = labels[np.sort(first)]
-    out["labels"] = labels
-    return out
-
-
 def verify_pair(im_file: str, lb_file: str, nc: int) -> dict:
     """One cache entry: the image's shape and boxes, or why it is skipped."""
     shape, reason = verify_image(im_file)
-    entry = {"im_file": im_file, "shape": list(shape) if shape else None, "labels": [], "missing": False, "notes": [], "corrupt": reason}
+    entry = {"im_file": im_file, "shape": list(shape) if shape else None, "labels": [], "missing": False, "notes": [], "corrupt": reason,
+             "polygons": 0}
     if reason is None:
         lab = verify_label(lb_file, nc)
         corrupt = f"label {lb_file} {lab['corrupt']}" if lab["corrupt"] else None
-        entry.update(labels=lab["labels"].tolist(), missing=lab["missing"], notes=lab["notes"], corrupt=corrupt)
+        entry.update(labels=lab["labels"].tolist(), missing=lab["missing"], notes=lab["notes"], corrupt=corrupt,
+                     polygons=0 if corrupt else lab["polygons"])
     return entry
 
 
@@ -299,7 +228,7 @@ def read_cache(path: Path, expected_hash: str, im_files: list[str]) -> list[dict
     entries = data.get("entries")
     if not isinstance(entries, list) or len(entries) != len(im_files):
         return None
-    keys = {"im_file", "shape", "labels", "notes", "corrupt"}
+    keys = {"im_file", "shape", "labels", "notes", "corrupt", "polygons"}
     if not all(isinstance(e, dict) and keys <= e.keys() and e["im_file"] == f for e, f in zip(entries, im_files, strict=True)):
         return None
     return entries
@@ -361,9 +290,10 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
     """Verified label records for ``im_files`` (cached), and a report.
 
     Records: ``im_file``, ``shape`` (h, w), ``cls`` (n,) int64, ``bboxes`` (n, 4) float32 normalised
-    ``cx cy w h``. The report has the counts, ``from_cache`` and ``cache_file``. Logs one summary
-    line and one warning naming each skipped or fixed file. ``datasets_dir``: the cache of labels outside it goes to
-    yolo-cb's own cache folder (npy_cache.cache_place); None: beside the labels.
+    ``cx cy w h``. The report has the counts (``polygons``: polygon rows boxed), ``from_cache`` and ``cache_file``. Logs
+    one summary line, one line counting the polygon rows boxed (when any) and one warning naming each skipped or fixed
+    file. ``datasets_dir``: the cache of labels outside it goes to yolo-cb's own cache folder (npy_cache.cache_place);
+    None: beside the labels.
     """
     lb_files = [img2label_path(f) for f in im_files]
     warn_shared_labels(im_files, lb_files, prefix)
@@ -388,10 +318,13 @@ def load_labels(im_files: list[str], nc: int, prefix: str = "", cache: bool = Tr
         n_boxes += len(labels)
         n_background += len(labels) == 0
         records.append({"im_file": e["im_file"], "shape": tuple(e["shape"]), "cls": labels[:, 0].astype(np.int64), "bboxes": labels[:, 1:]})
+    polygons = sum(e["polygons"] for e in entries)
     report = {"images": len(records), "boxes": n_boxes, "backgrounds": n_background, "corrupt": n_corrupt,
-              "fixed": len(problems) - n_corrupt, "from_cache": from_cache, "cache_file": str(path) if path else None}
+              "fixed": len(problems) - n_corrupt, "polygons": polygons, "from_cache": from_cache, "cache_file": str(path) if path else None}
     source = " (from cache)" if from_cache else ""
     LOGGER.info(f"{prefix}{len(records)} images, {n_boxes} boxes, {n_background} backgrounds, {n_corrupt} corrupt{source}")
+    if polygons:
+        LOGGER.info(f"{prefix}{polygons_boxed(polygons)}")
     if problems:
         listed = "\n".join(f"  {p}" for p in problems[:MAX_LISTED])
         more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""

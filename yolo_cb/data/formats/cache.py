@@ -3,8 +3,9 @@
 The folder is ``<datasets_dir>/converted/<source name>-<key>/`` with ``images/<split>/`` (links to the user's images,
 copies where links cannot be made) and ``labels/<split>/``: ours, under datasets_dir, never beside the user's data.
 The key hashes the source's path, its size and modification time (for VOC: of the list and of every annotation
-file), the split and the class names, so a changed source gets a new folder. A folder is written under a temp name
-and renamed into place when complete; ``conversion.json`` in it records the source and what was skipped or fixed
+file), the split, the class names and the dataset root (a COCO JSON's file names resolve inside the data YAML's
+root), so a changed source gets a new folder. A folder is written under a temp name and renamed into place when
+complete; ``conversion.json`` in it records the source and what was skipped or fixed
 (``yolo-cb data check`` reports it).
 """
 
@@ -28,7 +29,8 @@ from yolo_cb.utils.log import printable
 LOGGER = logging.getLogger("yolo_cb")
 RECORD = "conversion.json"
 FOLDER = "converted"
-VERSION = 2  # of the conversion rules: a folder made by other rules is not reused (2: paths that leave the root skipped)
+VERSION = 3  # of the conversion rules: a folder made by other rules is not reused (2: paths that leave the root skipped;
+# 3: COCO's root is the data YAML's, and images are looked for in the folders the big exporters write)
 
 
 def source_kind(path: str | os.PathLike) -> str | None:
@@ -49,9 +51,9 @@ def _stat(path: Path) -> str:
         return f"{path}\0missing"
 
 
-def source_key(path: Path, kind: str, split: str, names: dict[int, str] | None) -> str:
-    """A hash that changes when the source, the split or the names change."""
-    h = hashlib.sha256(json.dumps([VERSION, kind, str(path), split, sorted((names or {}).items())]).encode())
+def source_key(path: Path, kind: str, split: str, names: dict[int, str] | None, root: Path | None = None) -> str:
+    """A hash that changes when the source, the split, the names or the data YAML's root change."""
+    h = hashlib.sha256(json.dumps([VERSION, kind, str(path), split, sorted((names or {}).items()), str(root)]).encode())
     h.update(_stat(path).encode())
     if kind == "voc":
         listed = split_list(path, split)
@@ -63,26 +65,28 @@ def source_key(path: Path, kind: str, split: str, names: dict[int, str] | None) 
     return h.hexdigest()[:16]
 
 
-def read_source(path: Path, kind: str, split: str, names: dict[int, str] | None) -> Split:
-    return read_coco(path, names) if kind == "coco" else read_voc(path, split, names)
+def read_source(path: Path, kind: str, split: str, names: dict[int, str] | None, root: Path | None = None) -> Split:
+    return read_coco(path, names, root) if kind == "coco" else read_voc(path, split, names)
 
 
-def materialise(path: str, split: str, names: dict[int, str] | None, datasets_dir: Path) -> str:
-    """`path` unchanged when it is no COCO JSON or VOC split; else the images folder of its YOLO copy (made once)."""
+def materialise(path: str, split: str, names: dict[int, str] | None, datasets_dir: Path, root: Path | None = None) -> str:
+    """`path` unchanged when it is no COCO JSON or VOC split; else the images folder of its YOLO copy (made once).
+    `root`: the data YAML's dataset root (a COCO JSON inside it looks its images up there: coco.coco_root)."""
     kind = source_kind(path)
     if kind is None:
         return path
     source = Path(path).resolve()
     stem = re.sub(r"[^\w.-]", "_", source.stem if kind == "coco" else source.name)
-    folder = datasets_dir / FOLDER / f"{stem}-{source_key(source, kind, split, names)}"
+    root = root if kind == "coco" else None
+    folder = datasets_dir / FOLDER / f"{stem}-{source_key(source, kind, split, names, root)}"
     if not (folder / RECORD).is_file():
-        _convert_into(folder, source, kind, split, names)
+        _convert_into(folder, source, kind, split, names, root)
     return str(folder / "images" / split)
 
 
-def _convert_into(folder: Path, source: Path, kind: str, split: str, names: dict[int, str] | None) -> None:
+def _convert_into(folder: Path, source: Path, kind: str, split: str, names: dict[int, str] | None, root: Path | None) -> None:
     """Read the source (bad input raises before anything is written), write it under a temp name, rename into place."""
-    read = read_source(source, kind, split, names)
+    read = read_source(source, kind, split, names, root)
     LOGGER.info(f"{split}: {kind.upper()} {summary(read)}; as YOLO labels in {folder}")
     for note in read.notes:
         LOGGER.warning(printable(f"{split}: {note}"))  # file names from the source: a newline would forge a line

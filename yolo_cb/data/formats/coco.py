@@ -8,11 +8,18 @@ stricter:
   gives ``names``, each category is matched to the class of the same name instead;
 - an ``iscrowd`` annotation is skipped and counted; an image without annotations is kept as a background;
 - a box (x, y, w, h, pixels) is clipped to the image; one with no area left is dropped; both counted;
-- each image's ``file_name`` is looked up relative to the JSON's folder, then in an ``images/`` folder beside it; an
-  image whose file is in neither is skipped, counted and named once; its name in the YOLO folder is its ``file_name``
-  (subfolders kept, a leading ``images/`` dropped; an absolute one or one with ``..`` keeps only its last part);
-- the JSON's folder is the dataset root: a ``file_name`` that resolves outside it (``../``, an absolute path elsewhere,
-  a link that points out) is skipped, counted and summed up in one note; nothing outside is read;
+- the dataset root (:func:`coco_root`) is the data YAML's ``path:`` when it has one and the JSON is inside it; else
+  (and for ``yolo-cb convert``) the JSON's folder, or its parent when the JSON sits in ``annotations/`` (COCO 2017,
+  Ultralytics' coco/);
+- each image's ``file_name`` is looked for in the folders the big exporters write (:func:`image_folders`): beside the
+  JSON (Roboflow's ``<split>/_annotations.coco.json``), then ``<root>/``, ``<root>/<split>/`` (COCO 2017's
+  ``train2017/``), ``<root>/images/<split>/`` (Ultralytics' ``images/train2017/``) and ``<root>/images/``, where
+  ``<split>`` is :func:`split_name` and ``<root>`` the JSON's own root, then the data YAML's (when they differ); an
+  image found in none is skipped, counted and named once, and a split where none is found is a DataError naming the
+  folders; its name in the YOLO folder is its ``file_name`` (subfolders kept, a leading ``images/`` dropped; an
+  absolute one or one with ``..`` keeps only its last part);
+- a ``file_name`` that resolves outside the dataset root (``../``, an absolute path elsewhere, a link that points
+  out) is skipped, counted and summed up in one note; nothing outside is read;
 - two image entries with the same ``file_name`` are refused; two files that would share a label file are renamed
   ``<stem>_2`` and said;
 - malformed JSON, an image or annotation entry missing a key, an annotation naming an image id or a category id that
@@ -22,12 +29,16 @@ stricter:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 
-from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, locate, numbers, safe_name
+from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, inside_root, locate, numbers, safe_name
 from yolo_cb.errors import DataError, short_repr
+
+ROBOFLOW_STEM = "_annotations.coco"  # Roboflow's COCO export: <split>/_annotations.coco.json beside the split's images
+ANNOTATIONS = "annotations"  # the folder of COCO 2017's JSONs, beside its image folders
 
 
 def load_json(path: Path):
@@ -83,8 +94,33 @@ def coco_names(path: Path) -> tuple[dict[int, str], list[int]]:
     return {i: name for i, (_, name) in enumerate(cats)}, [cid for cid, _ in cats]
 
 
-def read_coco(path: Path, names: dict[int, str] | None = None) -> Split:
-    """Read a COCO instances JSON (see the module docstring); `names` None: the classes are its categories."""
+def split_name(path: Path) -> str:
+    """The split a COCO JSON holds: its stem less ``instances_`` (instances_val2017.json -> val2017); for Roboflow's
+    ``<split>/_annotations.coco.json``, the folder's name."""
+    stem = Path(path).stem.removeprefix("instances_")
+    return Path(path).parent.name if stem == ROBOFLOW_STEM else stem
+
+
+def coco_root(path: Path, data_root: Path | None = None) -> Path:
+    """The dataset root of the COCO JSON `path`: the data YAML's root `data_root` when the JSON is inside it; else the
+    JSON's folder, or its parent when that folder is ``annotations/`` (COCO 2017: ``annotations/`` beside
+    ``train2017/``; Ultralytics' coco/: beside ``images/``). Every file_name must resolve inside it."""
+    if data_root is not None and inside_root(data_root, path) is not None:
+        return Path(os.path.realpath(data_root))
+    return path.parent.parent if path.parent.name.lower() == ANNOTATIONS else path.parent
+
+
+def image_folders(path: Path, root: Path) -> list[Path]:
+    """The folders a file_name is looked for in, in order (see the module docstring); those outside `root` left out."""
+    split = split_name(path)
+    bases = [b for b in dict.fromkeys([coco_root(path), root]) if inside_root(root, b) is not None]
+    folders = [path.parent] + [f for b in bases for f in (b, b / split, b / "images" / split, b / "images")]
+    return list(dict.fromkeys(folders))
+
+
+def read_coco(path: Path, names: dict[int, str] | None = None, data_root: Path | None = None) -> Split:
+    """Read a COCO instances JSON (see the module docstring); `names` None: the classes are its categories;
+    `data_root`: the data YAML's root (:func:`coco_root`)."""
     path = Path(path).resolve()
     data = load_json(path)
     cats = categories(path, data)
@@ -94,7 +130,8 @@ def read_coco(path: Path, names: dict[int, str] | None = None) -> Split:
     else:
         by_name = class_map([name for _, name in cats], names, path, "categories")
         by_id = {cid: by_name[name] for cid, name in cats}
-    split = Split(path, [], dict(names), root=path.parent)
+    root = coco_root(path, data_root)
+    split = Split(path, [], dict(names), root=root, looked=image_folders(path, root))
     images = _images(data, path, split)
     for i, ann in enumerate(_entries(data, "annotations", path)):
         _add_annotation(ann, i, images, by_id, path, split.counts)
@@ -120,9 +157,9 @@ def _images(data: dict, path: Path, split: Split) -> dict[int, Image | None]:
         width, height = numbers([entry.get("width"), entry.get("height")], 2, path, where, "width, height")
         if width <= 0 or height <= 0:
             raise bad_input(path, where, f"width and height must be positive, got {width:g}x{height:g}")
-        found = locate(split, [file_name, Path("images") / file_name], file_name, f"{where} file_name",
-                       f"{path}: images[{i}] file_name {short_repr(file_name)} is neither in {path.parent} nor in "
-                       f"{path.parent / 'images'}: skipped")
+        found = locate(split, [folder / file_name for folder in split.looked], file_name, f"{where} file_name",
+                       f"{path}: images[{i}] file_name {short_repr(file_name)} is in none of "
+                       f"{', '.join(str(f) for f in split.looked)}: skipped")
         name = safe_name(file_name, f"{image_id}.jpg")
         name = name.removeprefix("images/") or name  # images/a.jpg beside the JSON: a.jpg in images/<split>/, as a.jpg in images/
         out[image_id] = None if found is None else Image(found[1], name, width, height)

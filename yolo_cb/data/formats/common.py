@@ -43,12 +43,15 @@ class Split:
     notes: list[str] = field(default_factory=list)  # one line each: a renamed duplicate, a missing image file
     root: Path | None = None  # the dataset root: every file the source names must resolve inside it (inside_root)
     outside_example: str = ""  # the first name read that leaves the root, as the source gives it
+    looked: list[Path] = field(default_factory=list)  # the folders image files are looked for in (named when none is)
+    missing_example: str = ""  # the first image name not found, as the source gives it
 
-    def missing(self, note: str) -> None:
-        """Count an image whose file is missing; the first one's note is kept."""
+    def missing(self, note: str, shown: str = "") -> None:
+        """Count an image whose file is missing; the first one's note and name are kept."""
         self.counts["missing_images"] += 1
         if self.counts["missing_images"] == 1:
             self.notes.append(note)
+            self.missing_example = shown
 
     def leaves_root(self, shown: str) -> None:
         """Count an entry skipped because the path it names resolves outside the root; the first is the example."""
@@ -63,9 +66,11 @@ def inside_root(root: Path, named: str | os.PathLike) -> Path | None:
     outside; an absolute path that resolves inside the root is inside. The one function every reader looks a named
     file up through.
 
-    The dataset root of each format: COCO, the folder of the JSON (file_name is looked up there and in its images/);
-    Pascal VOC, the folder holding Annotations/, JPEGImages/ and ImageSets/ (the ids of a list name files there);
-    LabelMe, the folder given (the JSON's folder when one file is given); Label Studio, the folder of the export."""
+    The dataset root of each format: COCO, the data YAML's ``path:`` when given and the JSON is inside it, else the
+    JSON's folder, or its parent when that folder is ``annotations/`` (COCO 2017: ``annotations/`` beside
+    ``train2017/``; coco.py's ``coco_root``, which also says where file_name is looked for); Pascal VOC, the folder
+    holding Annotations/, JPEGImages/ and ImageSets/ (the ids of a list name files there); LabelMe, the folder given
+    (the JSON's folder when one file is given); Label Studio, the folder of the export."""
     try:
         real_root = Path(os.path.realpath(root))
         target = Path(os.path.realpath(Path(root) / named))
@@ -93,7 +98,7 @@ def locate(split: Split, candidates: list, shown: str, entry: str, missing: str)
     if left:
         split.leaves_root(shown)
     else:
-        split.missing(missing)
+        split.missing(missing, shown)
     return None
 
 
@@ -162,13 +167,32 @@ def safe_name(raw: str, fallback: str) -> str:
 
 def finish(split: Split) -> Split:
     """`split` with its images' names made distinct (:func:`disambiguate`) and the entries that left its root summed up
-    in one note."""
+    in one note; a DataError (:func:`no_images`) when it has no image."""
+    if not split.images:
+        raise no_images(split)
     disambiguate(split.images, split.notes)
     if split.counts["outside_root"]:
         split.notes.append(f"{split.source}: skipped {split.counts['outside_root']} entries whose image path leaves "
                            f"{split.root}: e.g. {short_repr(split.outside_example)} (a file named in an annotation is read "
                            f"only from inside its dataset root, links followed; move the images there)")
     return split
+
+
+LOOKED_SHOWN = 6  # folders named in the error of a split without images; the rest are counted
+
+
+def no_images(split: Split) -> DataError:
+    """The one line for a split that would have 0 images: what was skipped, and the folders where images were looked for."""
+    skipped = [f"{split.counts[k]} {COUNT_WORDS[k]}" for k in ("missing_images", "outside_root") if split.counts[k]]
+    if not skipped:
+        return DataError(f"{split.source}: lists no image, so the converted set would have 0 images; nothing was written")
+    folders = [str(f) for f in dict.fromkeys(split.looked)]
+    more = f" and {len(folders) - LOOKED_SHOWN} more folders" if len(folders) > LOOKED_SHOWN else ""
+    example = split.missing_example or split.outside_example
+    return DataError(f"{split.source}: none of its images was found, so the converted set would have 0 images "
+                     f"({', '.join(skipped)}); looked for {short_repr(example)} and the others in "
+                     f"{', '.join(folders[:LOOKED_SHOWN])}{more} (the dataset root is {split.root}): put the images in one "
+                     f"of them; nothing was written")
 
 
 def disambiguate(images: list[Image], notes: list[str]) -> None:

@@ -5,14 +5,17 @@ JSON, else the file beside the JSON with the same stem. ``rectangle`` and ``poly
 ``circle`` (centre, a point on the rim) its square; ``point``, ``line``, ``linestrip`` shapes are skipped and counted.
 
 Label Studio (Export -> JSON): a list of tasks; the image is the last part of ``data.image`` (or of its ``?d=`` path
-for local files), looked up beside the export, then in ``images/`` beside it. Of each task the first annotation that
-was not cancelled is read; its ``rectanglelabels`` results (percent of ``original_width``/``original_height``, turned
-by ``rotation`` degrees about the top-left corner) become the axis-aligned box around them.
+for local files), looked up beside the export, then in ``images/`` beside it; a name that keeps Label Studio's upload
+prefix (``/data/upload/1/3f2a9c1e-cat.jpg``: 8 hex digits and a dash) is looked up as it is, then as the user's own
+file (``cat.jpg``), whose name it then keeps in the YOLO folder. Of each task the first annotation that was not
+cancelled is read; its ``rectanglelabels`` results (percent of ``original_width``/``original_height``, turned by
+``rotation`` degrees about the top-left corner) become the axis-aligned box around them.
 
 Both: classes are the data ``names`` given (a label of another class is an error naming it), else every label met,
 sorted; boxes are clipped to the image, boxes without area dropped, images without boxes kept as backgrounds,
-images whose file is missing skipped; each counted. The dataset root is the LabelMe folder (the JSON's folder when one
-file is given) or the Label Studio export's folder: an image whose path resolves outside it (``../``, an absolute path
+images whose file is missing skipped; each counted; an export where no image is found is a DataError naming the
+folders looked in. The dataset root is the LabelMe folder (the JSON's folder when one file is given) or the Label
+Studio export's folder: an image whose path resolves outside it (``../``, an absolute path
 elsewhere, a link that points out) is skipped, counted and summed up in one note; nothing outside is read. A task,
 annotation, result or value of the wrong kind, a rotation that is not a finite number: a DataError naming the task.
 """
@@ -20,6 +23,7 @@ annotation, result or value of the wrong kind, a rotation that is not a finite n
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -29,6 +33,7 @@ from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import short_repr
 
 BOX_SHAPES = ("rectangle", "polygon", "circle")
+UPLOADED = re.compile(r"[0-9a-f]{8}-(.+)")  # Label Studio stores an uploaded cat.jpg as 3f2a9c1e-cat.jpg
 
 
 def _labelme_files(source: Path) -> list[Path]:
@@ -41,6 +46,8 @@ def _labelme_image(out: Split, json_file: Path, data: dict) -> tuple[Path, Path]
     given = [json_file.parent / named.replace("\\", "/")] if isinstance(named, str) and named else []
     beside = [p for p in sorted(json_file.parent.glob(json_file.stem + ".*")) if p.suffix.lower() in IMG_SUFFIXES]
     shown = named if given else beside[0].name if beside else json_file.stem
+    if json_file.parent not in out.looked[-1:]:  # the files of a folder come together
+        out.looked.append(json_file.parent)
     return locate(out, given + beside, shown, f"{json_file.name} imagePath",
                   f"{json_file}: its image ({short_repr(named)}) is missing: skipped")
 
@@ -160,7 +167,8 @@ def read_labelstudio(path: Path, names: dict[int, str] | None = None) -> Split:
     rects = [_task_results(t, path, i) for i, t in enumerate(tasks)]
     found = sorted({r["value"]["rectanglelabels"][0] for task in rects for _, r in task})
     by_name = class_map(found, names, path, "labels")
-    out = Split(path, [], dict(names) if names is not None else {i: n for n, i in by_name.items()}, root=path.parent)
+    out = Split(path, [], dict(names) if names is not None else {i: n for n, i in by_name.items()}, root=path.parent,
+                looked=[path.parent, path.parent / "images"])
     for i, (task, results) in enumerate(zip(tasks, rects, strict=True)):
         image = _task_image(out, task, i)
         if image is None:
@@ -176,12 +184,16 @@ def read_labelstudio(path: Path, names: dict[int, str] | None = None) -> Split:
 
 
 def _task_image(out: Split, task: dict, i: int) -> Image | None:
-    """The Image of a task (no boxes yet): its file beside the export or in images/ there; None when missing or outside."""
+    """The Image of a task (no boxes yet): its file beside the export or in images/ there, by its name, then by the
+    name without Label Studio's upload prefix; None when missing or outside."""
     name = _task_image_name(task, out.source, i)
+    uploaded = UPLOADED.fullmatch(name)
+    names = [name, uploaded.group(1)] if uploaded else [name]
     entry = f"task {short_repr(task.get('id', i))}"
-    located = locate(out, [name, Path("images") / name], name, f"{entry} data.image",
-                     f"{out.source}: {entry}: image {short_repr(name)} is missing: skipped")
-    return None if located is None else Image(located[1], safe_name(name, f"{i}.jpg"), *_image_size(located[1]))
+    shown = short_repr(name) + (f" (or {short_repr(names[1])}, without the upload prefix)" if len(names) > 1 else "")
+    located = locate(out, [folder / n for n in names for folder in out.looked], name, f"{entry} data.image",
+                     f"{out.source}: {entry}: image {shown} is in neither {' nor '.join(str(f) for f in out.looked)}: skipped")
+    return None if located is None else Image(located[1], safe_name(located[0].name, f"{i}.jpg"), *_image_size(located[1]))
 
 
 def _image_size(path: Path) -> tuple[float, float]:

@@ -136,7 +136,7 @@ def read_voc(path: Path, split: str = "train", names: dict[int, str] | None = No
     root = listed.parents[2] if is_voc_list(listed) else path
     if names is None:
         names = dict(enumerate(voc_class_names(root, listed)))
-    out = Split(listed, [], dict(names), root=root)
+    out = Split(listed, [], dict(names), root=root, looked=[root / "JPEGImages"])
     for image_id in read_ids(listed, out.counts):
         image = _read_annotation(root, image_id, names, out)
         if image is not None:
