@@ -12,17 +12,20 @@ import re
 import sys
 from collections.abc import Iterator
 
+from yolo_cb.data.dataset_yaml import read_dataset
 from yolo_cb.errors import UserError
 from yolo_cb.settings.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
 from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.settings.user import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import printable, setup_logging
+from yolo_cb.utils.paths import DEFAULT_MODEL
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
 MODES = ("train", "val", "predict", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
 DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
+DATA_MODES = ("train", "val", "tune", "benchmark")  # the modes whose run resolves data= (export reads it for int8 only)
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -137,6 +140,27 @@ def refuse_missing_inputs(mode: str, overrides: dict[str, str]) -> None:
                          f"source=path/to/images")
 
 
+def refuse_bad_data(mode: str, args) -> None:
+    """At once, before torch is imported: the data YAML that this mode's run resolves, checked as far as the file itself
+    decides (found, parsed, its keys, names, nc, category_ids and the form of its splits: data/dataset_yaml.py). Whether
+    its images are there is the run's to say: its download:, generate: or an on_pretrain_routine_start callback may
+    still bring them."""
+    if mode in DATA_MODES and args.data:
+        read_dataset(args.data, args.datasets_dir)
+
+
+def callbacks_table(args, overrides: dict[str, str]) -> str:
+    """`yolo-cb callbacks`: the callbacks `yolo-cb train` with these settings runs, per event in firing order, built
+    without torch. A checkpoint named as the model is read (and refused) by the facade first, which loads torch."""
+    if str(args.model or "").endswith((".pt", ".pth")):
+        from yolo_cb.model import YOLO
+
+        return YOLO(args.model).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table()
+    from yolo_cb.assembly.assemble import build_trainer_callbacks  # here: every other command answers without the callbacks
+
+    return build_trainer_callbacks(get_config({**overrides, "model": args.model or DEFAULT_MODEL, "mode": "train"})).table()
+
+
 def print_settings() -> None:
     for key, default, comment in describe_settings():
         if key == "#":
@@ -240,10 +264,11 @@ def run(argv: list[str]) -> object:
         return resume_from_cli(overrides)
     args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
-    if mode == "callbacks":  # the callbacks `yolo-cb train` with these settings runs, per event in firing order
-        print(YOLO(args.model or DEFAULT_MODEL).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table())
+    if mode == "callbacks":
+        print(callbacks_table(args, overrides))
         return None
+    refuse_bad_data(mode, args)
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # help, cfg, callbacks and bad settings or data answer before torch loads
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.data.resolve import resolve_datasets_dir
+from yolo_cb.data.dataset_yaml import resolve_datasets_dir
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -43,11 +43,6 @@ def collate_fn(samples: list[dict]) -> dict:
         "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
         "ratio_pad": [s["ratio_pad"] for s in samples],
     }
-
-
-def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
-    """(boxes, image side in pixels) of a loader batch: the progress line's Instances and Size; (0, imgsz) before the first."""
-    return (int(batch["targets"].shape[0]), int(batch["img"].shape[-1])) if batch else (0, imgsz)
 
 
 def seed_worker(worker_id: int) -> None:

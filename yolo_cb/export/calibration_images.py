@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from yolo_cb.data.resolve import resolve_datasets_dir
+from yolo_cb.data.dataset_yaml import resolve_datasets_dir
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import DataError
 from yolo_cb.utils.paths import find_dataset_cfg

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from yolo_cb.data.loader import batch_shape
+from yolo_cb.data.batch import batch_shape
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.training.run_state import Clock, RunState
 from yolo_cb.utils import dist as distributed
