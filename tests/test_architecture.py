@@ -47,7 +47,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
-    "yolo_cb.data": ("transforms", "npy_cache", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "resolve",
+    "yolo_cb.data": ("transforms", "npy_cache", "verify", "download", "synthetic", "data_yaml", "label_plot", "dataset", "formats", "resolve",
                      "convert", "check", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),

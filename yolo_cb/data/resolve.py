@@ -10,6 +10,7 @@ A dataset YAML (Ultralytics-compatible)::
     download: https://.../coco8.zip   # optional: archive fetched when the images are missing
     generate: {kind: shapes, seed: 0, train: 320, val: 100}  # optional: synthetic data made when missing
 
+Each key is typed and checked where the file is read (yolo_cb/data/data_yaml.py: one line for a value out of its rule).
 Downloads, extraction and generation write only under ``datasets_dir``: a root outside it (an absolute
 ``path:``, one that climbs out with ``..``, or the YAML's own folder when there is no ``path:``) is used
 only when the images are already there; otherwise a DataError names the root and datasets_dir.
@@ -19,29 +20,31 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
-from typing import Any
 
+from yolo_cb.data.data_yaml import DatasetConfigError, DataYaml, GenerateSpec, Split, ValSets, check_category_ids, read_data_yaml
 from yolo_cb.data.download import download_dataset, is_url
-from yolo_cb.data.synthetic import generate_shapes
+from yolo_cb.data.synthetic import estimated_bytes, generate_shapes
 from yolo_cb.errors import DataError, short_repr
+from yolo_cb.utils.files import existing, size_text
+from yolo_cb.utils.log import printable
 from yolo_cb.utils.paths import find_dataset_cfg
-from yolo_cb.utils.yaml_safe import load_yaml
 
 LOGGER = logging.getLogger("yolo_cb")
 
 SPLIT_KEYS = ("train", "val", "test")
 
 
-class DatasetConfigError(DataError):
-    """A dataset YAML that is missing a key or has a value of the wrong kind."""
-
-
 def resolve_datasets_dir(datasets_dir: str | os.PathLike | None = None) -> Path:
     """``datasets_dir`` if given, else ``$YOLO_CB_DATASETS``, else ``./datasets`` in the working directory."""
     chosen = datasets_dir or os.environ.get("YOLO_CB_DATASETS") or Path.cwd() / "datasets"
     setting = f"datasets_dir={datasets_dir}" if datasets_dir else "YOLO_CB_DATASETS" if os.environ.get("YOLO_CB_DATASETS") else "datasets_dir"
-    return resolved(Path(chosen).expanduser(), setting)
+    try:
+        return resolved(Path(chosen).expanduser(), setting)
+    except RuntimeError:  # ~nosuchuser
+        raise DatasetConfigError(f"{setting}: {short_repr(str(chosen))} starts with the home folder of no user on this machine; "
+                                 f"write the folder out") from None
 
 
 def resolved(path: Path, setting: str) -> Path:
@@ -53,73 +56,33 @@ def resolved(path: Path, setting: str) -> Path:
                                  f"itself: fix or remove the link") from None
 
 
-def _class_id(key) -> int | None:
-    """A names key as a class id: an int, or text or a float that is exactly an integer (never 1.5 -> 1, never a bool)."""
-    if isinstance(key, bool):
+def _split_paths(value: Split, root: Path, key: str, yaml_file: Path) -> list[str] | None:
+    """A split's paths (typed by the reader: one path or a list) as absolute path strings, relative ones under `root`."""
+    if value is None:
         return None
-    if isinstance(key, int):
-        return key
-    if isinstance(key, float):
-        return int(key) if key.is_integer() else None
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    return None
+    items = value if isinstance(value, list) else [value]
+    return [str(p if (p := Path(v).expanduser()).is_absolute() else resolved(root / p, f"{yaml_file}: '{key}: {short_repr(v)}'"))
+            for v in items]
 
 
-def parse_names(raw, yaml_file: Path) -> dict[int, str]:
-    """``names`` as a list or a {id: name} dict -> {0: name, 1: name, ...} (ids must be 0..nc-1)."""
-    if isinstance(raw, (list, tuple)):
-        names = {i: str(n) for i, n in enumerate(raw)}
-    elif isinstance(raw, dict):
-        bad = [k for k in raw if _class_id(k) is None]
-        if bad:
-            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids (0, 1, ...), got {short_repr(bad[0])}; "
-                                     f"number the classes 0..{len(raw) - 1}")
-        names = {_class_id(k): str(v) for k, v in raw.items()}
-    else:
-        raise DatasetConfigError(f"{yaml_file}: 'names' must be a list or an {{id: name}} mapping, got {type(raw).__name__}")
-    if not names:
-        raise DatasetConfigError(f"{yaml_file}: 'names' is empty; list the class names")
-    if sorted(names) != list(range(len(names))):
-        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}; "
-                                 f"number the classes 0..{len(names) - 1} (and the class ids in the label files with them)")
-    return dict(sorted(names.items()))
-
-
-def _split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | None:
-    if value is None or value == "":
-        return None
-    items = value if isinstance(value, (list, tuple)) else [value]
-    if not all(isinstance(v, (str, os.PathLike)) for v in items):
-        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {short_repr(value)}")
-    return [str(p if (p := Path(v).expanduser()).is_absolute() else resolved(root / p, f"{yaml_file}: '{key}: {v}'")) for v in items]
-
-
-def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
+def _missing(data: DataYaml, root: Path) -> list[str]:
     """The train/val paths that do not exist under ``root``."""
     out = []
     for key in ("train", "val"):
-        values = _val_sets(cfg, yaml_file).values() if key == "val" else [cfg.get(key)]
+        values = _val_sets(data.val).values() if key == "val" else [data.train]
         for value in values:
-            out += [p for p in _split_paths(value, root, key, yaml_file) or [] if not Path(p).exists()]
+            out += [p for p in _split_paths(value, root, key, data.file) or [] if not Path(p).exists()]
     return out
 
 
-def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
+def _val_sets(value: ValSets) -> dict[str, Split]:
     """`val:` as {name: split}: a mapping names several validation sets (each validated on its own, its metrics prefixed
     with its name), and so does a list of two or more paths, each set named by its path's stem (`list_set_names`); a
     path (or a list of one) is one set, "val". Unlike Ultralytics, which joins a list into one set: one combined set
     is one path, a .txt file listing the images of every folder."""
-    value = cfg.get("val")
-    if isinstance(value, (list, tuple)) and len(value) > 1:
+    if isinstance(value, list) and len(value) > 1:
         return dict(zip(list_set_names(value), value, strict=True))
-    if not isinstance(value, dict):
-        return {"val": value}
-    bad = [k for k in value if not isinstance(k, str) or not k or "/" in k]
-    if not value or bad:
-        raise DatasetConfigError(f"{yaml_file}: 'val' as a mapping names validation sets {{name: path}}; "
-                                 f"{'it is empty' if not value else f'{bad[0]!r} is not a name (text without /)'}")
-    return dict(value)
+    return dict(value) if isinstance(value, dict) else {"val": value}
 
 
 def list_set_names(paths: list | tuple) -> list[str]:
@@ -136,14 +99,15 @@ def list_set_names(paths: list | tuple) -> list[str]:
     return names
 
 
-def _generate(spec, target: Path, yaml_file: Path) -> None:
-    spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
-    kind = spec.pop("kind", "shapes")
-    if kind != "shapes":
-        raise DatasetConfigError(f"{yaml_file}: 'generate' kind '{kind}' is unknown (known: shapes)")
-    n_train, n_val = int(spec.pop("train", 320)), int(spec.pop("val", 100))
+def _generate(spec: GenerateSpec, target: Path, yaml_file: Path) -> None:
+    """Make the synthetic set `spec` describes in `target`, once the disk has room for it (one line when it has not)."""
+    need, free = estimated_bytes(spec.images(), spec.max_size), shutil.disk_usage(existing(target.parent)).free
+    if need > free:
+        raise DatasetConfigError(f"{printable(yaml_file)}: 'generate' asks for {spec.images():,} images, up to {size_text(need)}, and "
+                                 f"{existing(target.parent)} has {size_text(free)} free; free some space, or ask for fewer images")
     LOGGER.info(f"{yaml_file.name}: generating the synthetic shapes dataset in {target}")
-    generate_shapes(target, n_train=n_train, n_val=n_val, **spec)
+    generate_shapes(target, n_train=spec.train, n_val=spec.val, seed=spec.seed, min_size=spec.min_size,
+                    max_size=spec.max_size, max_objects=spec.max_objects, jpeg_quality=spec.jpeg_quality)
 
 
 def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action: str) -> None:
@@ -160,7 +124,7 @@ def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action:
 def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError:
     """The error for split=<split> when the data YAML gives no such split: it names the YAML and the keys it has."""
     try:
-        keys = ", ".join(str(k) for k in (load_yaml(yaml_file, DatasetConfigError, "dataset YAML") or {}))
+        keys = ", ".join(printable(k)[:40] for k in read_data_yaml(Path(yaml_file)).written)
     except DataError:
         keys = "?"
     return DatasetConfigError(f"split={split}: the dataset YAML {yaml_file} has no '{split}' split (its keys: {keys}); add a "
@@ -186,25 +150,24 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
     FileNotFoundError listing every place looked.
     """
 
-    yaml_file = find_dataset_cfg(str(data)).resolve()
-    cfg, names = _read_dataset_yaml(yaml_file)
+    spec = read_data_yaml(find_dataset_cfg(str(data)).resolve())
     ddir = resolve_datasets_dir(datasets_dir)
-    places = _candidate_roots(cfg, yaml_file, ddir)
-    if names is None and not _names_in_source(cfg, places, yaml_file):
-        raise names_missing(yaml_file)
-    root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
+    places = _candidate_roots(spec, ddir)
+    if spec.names is None and not _names_in_source(spec, places):
+        raise names_missing(spec.file)
+    root = next((p for p, _ in places if not _missing(spec, p)), None)
     failure = ""
     if root is None and download:
-        root, failure = _fetch_missing(cfg, places[-1][0], ddir, yaml_file)
+        root, failure = _fetch_missing(spec, places[-1][0], ddir)
     if root is None:
         looked = "\n".join(f"  {p}  ({why})" for p, why in places)
-        wanted = ", ".join(f"{k}: {cfg[k]}" for k in ("train", "val"))
+        wanted = ", ".join(f"{k}: {short_repr(getattr(spec, k))}" for k in ("train", "val"))
         raise FileNotFoundError(
-            f"{yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
+            f"{spec.file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
             f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
-            f"or set 'path:' in {yaml_file.name} to the dataset root."
+            f"or set 'path:' in {spec.file.name} to the dataset root."
         )
-    return _resolved_dataset(cfg, names, root, yaml_file, ddir)
+    return _resolved_dataset(spec, root, ddir)
 
 
 def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int] | None]:
@@ -232,64 +195,45 @@ def names_missing(yaml_file: Path) -> DatasetConfigError:
                               f"(only a COCO JSON or a VOC train split gives the names itself)")
 
 
-def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
+def _names_in_source(spec: DataYaml, places: list[tuple[Path, str]]) -> bool:
     """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
     from yolo_cb.data.formats.cache import source_kind
 
-    return any(source_kind(p) for root, _ in places for p in _split_paths(cfg.get("train"), root, "train", yaml_file) or [])
+    return any(source_kind(p) for root, _ in places for p in _split_paths(spec.train, root, "train", spec.file) or [])
 
 
-def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
-    """The YAML's mapping and its names, with the required keys checked (one line naming the key and an example)."""
-    cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
-    if not isinstance(cfg, dict):
-        raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
-    for key in ("train", "val", "names"):
-        if key == "names" and cfg.get(key) in (None, "", [], {}):
-            return cfg, None  # a COCO JSON / VOC train split gives them once the root is known, else the error is raised then
-        if cfg.get(key) in (None, "", [], {}):
-            example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
-            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
-    names = parse_names(cfg["names"], yaml_file)
-    if cfg.get("nc") is not None and int(cfg["nc"]) != len(names):
-        raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
-    return cfg, names
-
-
-def _candidate_roots(cfg: dict, yaml_file: Path, ddir: Path) -> list[tuple[Path, str]]:
+def _candidate_roots(spec: DataYaml, ddir: Path) -> list[tuple[Path, str]]:
     """Where the dataset root may be, each with why it is looked at, in the order Ultralytics looks."""
-    raw_path = cfg.get("path")
-    yaml_dir = yaml_file.parent
-    if raw_path in (None, ""):
+    raw_path, yaml_dir = spec.path, spec.file.parent
+    if raw_path is None:
         places = [(yaml_dir, "the YAML's folder (no 'path:' key)")]
-    elif Path(str(raw_path)).expanduser().is_absolute():
-        places = [(Path(str(raw_path)).expanduser(), "'path:' in the YAML")]
+    elif Path(raw_path).expanduser().is_absolute():
+        places = [(Path(raw_path).expanduser(), "'path:' in the YAML")]
     else:  # Ultralytics resolves a relative path: from the working directory; then next to the YAML, then datasets_dir
-        places = [(Path.cwd() / str(raw_path), "relative to the working directory"), (yaml_dir / str(raw_path), "next to the YAML"),
-                  (ddir / str(raw_path), "under datasets_dir")]
-    return [(resolved(p, f"{yaml_file}: 'path: {raw_path}'" if raw_path else f"{yaml_file}: its folder"), why) for p, why in places]
+        places = [(Path.cwd() / raw_path, "relative to the working directory"), (yaml_dir / raw_path, "next to the YAML"),
+                  (ddir / raw_path, "under datasets_dir")]
+    setting = f"{spec.file}: 'path: {short_repr(raw_path)}'" if raw_path else f"{spec.file}: its folder"
+    return [(resolved(p, setting), why) for p, why in places]
 
 
-def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tuple[Path | None, str]:
+def _fetch_missing(spec: DataYaml, target: Path, ddir: Path) -> tuple[Path | None, str]:
     """(root, why not): download (``download:``) or generate (``generate:``) the dataset into `target`, inside datasets_dir."""
-    downloads = cfg.get("download")
-    downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
-    if not (downloads or cfg.get("generate")):
+    if not (spec.download or spec.generate):
         return None, ""
-    check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
-    if downloads:
-        failure = _download_all(downloads, target, yaml_file)
+    check_inside_datasets_dir(target, ddir, spec.file, "downloads" if spec.download else "generates")
+    if spec.download:
+        failure = _download_all(spec.download, target, spec.file)
         if failure:
             return None, failure
     else:
-        _generate(cfg["generate"], target, yaml_file)
-    if not _missing(cfg, target, yaml_file):
+        _generate(spec.generate, target, spec.file)
+    if not _missing(spec, target):
         return target, ""
-    return None, (f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: "
-                  f"{_missing(cfg, target, yaml_file)}")
+    return None, (f"\nAfter {'downloading' if spec.download else 'generating'} into {target.parent}, these are still missing: "
+                  f"{short_repr(_missing(spec, target), 300)}")
 
 
-def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
+def _download_all(urls: tuple[str, ...], target: Path, yaml_file: Path) -> str:
     """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
 
     for url in urls:
@@ -304,43 +248,38 @@ def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
     return ""
 
 
-def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_file: Path, ddir: Path) -> dict:
+def _resolved_dataset(spec: DataYaml, root: Path, ddir: Path) -> dict:
     """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given.
 
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
     (data/formats/cache.py); without `names:` the train split's categories are the names."""
     from yolo_cb.data.formats.cache import materialise
 
-    out = {"yaml_file": str(yaml_file), "path": str(root)}
-    category_ids = None
+    out = {"yaml_file": str(spec.file), "path": str(root)}
+    names, category_ids = spec.names, None
     if names is None:
-        names, category_ids = _source_names({"train": _split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
+        names, category_ids = _source_names({"train": _split_paths(spec.train, root, "train", spec.file)}, spec.file)
+        check_category_ids(spec, len(names))
 
-    def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = [materialise(p, key.split(":")[0], names, ddir) for p in _split_paths(value, root, key, yaml_file) or []] or None
-        return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
+    def split(value: Split, key: str):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
+        paths = [materialise(p, key.split(":")[0], names, ddir) for p in _split_paths(value, root, key, spec.file) or []] or None
+        return paths[0] if paths and not isinstance(value, list) else paths
 
-    for key in SPLIT_KEYS:
-        out[key] = split(cfg.get(key), key) if key != "val" else None
-    out["val_sets"] = {name: split(value, f"val: {name}") for name, value in _val_sets(cfg, yaml_file).items()}
-    out["val"] = next(iter(out["val_sets"].values()))  # the first set: what a single-set reader of data["val"] gets
-    out["val_named"] = isinstance(cfg.get("val"), dict)  # a {name: path} mapping (fingerprints of version 1 counted its first set)
+    out["train"] = split(spec.train, "train")
+    val_sets = {name: split(value, f"val: {name}") for name, value in _val_sets(spec.val).items()}
+    out["val"], out["test"] = next(iter(val_sets.values())), split(spec.test, "test")  # val: the first set
+    out["val_sets"] = val_sets
+    out["val_named"] = isinstance(spec.val, dict)  # a {name: path} mapping (fingerprints of version 1 counted its first set)
     out["names"], out["nc"] = names, len(names)
-    if cfg.get("category_ids") is not None:
-        ids = cfg["category_ids"]
-        if not isinstance(ids, (list, tuple)) or len(ids) != len(names):
-            raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
-        out["category_ids"] = [int(i) for i in ids]
-    elif category_ids is not None:
-        out["category_ids"] = category_ids
+    if spec.category_ids is not None or category_ids is not None:
+        out["category_ids"] = list(spec.category_ids) if spec.category_ids is not None else category_ids
     return out
 
 
 def require_local(data: str, datasets_dir: str | None, recorded_in: str) -> None:
     """DataError, one line, when the dataset a file records (a checkpoint's data=) is not on this machine: a setting read
     from a file never starts a download (a checkpoint's data=coco8.yaml made val create ./datasets and fetch it)."""
-    cfg, _ = _read_dataset_yaml(find_dataset_cfg(str(data)).resolve())
-    if not cfg.get("download"):
+    if not read_data_yaml(find_dataset_cfg(str(data)).resolve()).download:
         return  # nothing it could fetch (a synthetic set is generated locally, as for any run)
     try:
         check_data(data, datasets_dir, download=False)
