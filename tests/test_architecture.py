@@ -39,7 +39,7 @@ ROOT = "yolo_cb"
 # Inside each package, its modules bottom first: a module imports only modules of its package listed before it (a
 # subpackage counts as one member of its parent). The package's __init__ sits above its members.
 INSIDE: dict[str, tuple[str, ...]] = {
-    "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
+    "yolo_cb.utils": ("paths", "device", "dist", "log", "files", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
     "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
@@ -47,7 +47,8 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
-    "yolo_cb.data": ("batch", "transforms", "npy_cache", "label_file", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "dataset_yaml", "resolve",
+    "yolo_cb.data": ("batch", "transforms", "npy_cache", "label_file", "verify", "download", "synthetic", "data_yaml", "dataset", "formats",
+                     "dataset_yaml", "resolve",
                      "convert", "check", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),

@@ -46,7 +46,7 @@ DATA_FILES = {  # a data YAML of each malformed kind, and the one line that refu
     "no_names.yaml": ("train: images/train\nval: images/val\n", "required key 'names' is missing or empty"),
     "no_val.yaml": ("train: images/train\nnames: [a, b]\n", "required key 'val' is missing or empty"),
     "nc.yaml": ("train: images/train\nval: images/val\nnames: [a, b]\nnc: 3\n", "'nc' is 3 but 'names' has 2 entries"),
-    "ids.yaml": ("train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "'names' ids must be 0..1 without gaps"),
+    "ids.yaml": ("train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "'names' is {0: 'a', 2: 'b'}; its ids must be 0..1 without gaps"),
 }
 
 

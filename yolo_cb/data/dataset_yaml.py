@@ -24,15 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.errors import DataError, short_repr
+from yolo_cb.data.data_yaml import DatasetConfigError, DataYaml, read_data_yaml
+from yolo_cb.errors import short_repr
 from yolo_cb.utils.paths import find_dataset_cfg
-from yolo_cb.utils.yaml_safe import load_yaml
 
 SPLIT_KEYS = ("train", "val", "test")
-
-
-class DatasetConfigError(DataError):
-    """A dataset YAML that is missing a key or has a value of the wrong kind."""
 
 
 @dataclass(frozen=True)
@@ -45,21 +41,20 @@ class DatasetYaml:
     names: dict[int, str] | None
     ddir: Path
     places: list[tuple[Path, str]]
+    typed: DataYaml  # every key typed by its rule (data/data_yaml.py): generate's spec, download's URLs
 
 
 def read_dataset(data: str | os.PathLike, datasets_dir: str | os.PathLike | None = None) -> DatasetYaml:
     """The dataset YAML `data` (a path or a bundled name) read and checked; FileNotFoundError when there is no such
     file, DatasetConfigError (one line naming the file and the key) for anything in it that check_data would refuse."""
     yaml_file = find_dataset_cfg(str(data)).resolve()
-    cfg, names = read_dataset_yaml(yaml_file)
+    typed = read_data_yaml(yaml_file)  # each key checked by its rule: one line for a value out of it
+    cfg, names = typed.raw, typed.names
     ddir = resolve_datasets_dir(datasets_dir)
     places = candidate_roots(cfg, yaml_file, ddir)
     if names is None and not names_in_source(cfg, places, yaml_file):
-        names = numbered_names(cfg, yaml_file)
-    check_splits(cfg, yaml_file)
-    if names is not None:
-        category_ids(cfg, names, yaml_file)
-    return DatasetYaml(yaml_file, cfg, names, ddir, places)
+        names = numbered_names(typed)
+    return DatasetYaml(yaml_file, cfg, names, ddir, places, typed)
 
 
 def resolve_datasets_dir(datasets_dir: str | os.PathLike | None = None) -> Path:
@@ -78,39 +73,6 @@ def resolved(path: Path, setting: str) -> Path:
                                  f"itself: fix or remove the link") from None
 
 
-def _class_id(key) -> int | None:
-    """A names key as a class id: an int, or text or a float that is exactly an integer (never 1.5 -> 1, never a bool)."""
-    if isinstance(key, bool):
-        return None
-    if isinstance(key, int):
-        return key
-    if isinstance(key, float):
-        return int(key) if key.is_integer() else None
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    return None
-
-
-def parse_names(raw, yaml_file: Path) -> dict[int, str]:
-    """``names`` as a list or a {id: name} dict -> {0: name, 1: name, ...} (ids must be 0..nc-1)."""
-    if isinstance(raw, (list, tuple)):
-        names = {i: str(n) for i, n in enumerate(raw)}
-    elif isinstance(raw, dict):
-        bad = [k for k in raw if _class_id(k) is None]
-        if bad:
-            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids (0, 1, ...), got {short_repr(bad[0])}; "
-                                     f"number the classes 0..{len(raw) - 1}")
-        names = {_class_id(k): str(v) for k, v in raw.items()}
-    else:
-        raise DatasetConfigError(f"{yaml_file}: 'names' must be a list or an {{id: name}} mapping, got {type(raw).__name__}")
-    if not names:
-        raise DatasetConfigError(f"{yaml_file}: 'names' is empty; list the class names")
-    if sorted(names) != list(range(len(names))):
-        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}; "
-                                 f"number the classes 0..{len(names) - 1} (and the class ids in the label files with them)")
-    return dict(sorted(names.items()))
-
-
 def split_items(value, key: str, yaml_file: Path) -> list | None:
     """A split's value as a list of paths (None when empty); DatasetConfigError when it is neither a path nor a list of them."""
     if value is None or value == "":
@@ -127,15 +89,6 @@ def split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | Non
     if items is None:
         return None
     return [str(p if (p := Path(v).expanduser()).is_absolute() else resolved(root / p, f"{yaml_file}: '{key}: {v}'")) for v in items]
-
-
-def check_splits(cfg: dict, yaml_file: Path) -> None:
-    """DatasetConfigError for a split that is neither a path nor a list of paths, or a malformed `val:` mapping; in the
-    order check_data meets them (train, the validation sets, test)."""
-    split_items(cfg.get("train"), "train", yaml_file)
-    for value in val_sets(cfg, yaml_file).values():
-        split_items(value, "val", yaml_file)
-    split_items(cfg.get("test"), "test", yaml_file)
 
 
 def val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
@@ -175,26 +128,14 @@ def names_missing(yaml_file: Path) -> DatasetConfigError:
                               f"train split gives the names itself")
 
 
-def nc_of(cfg: dict, yaml_file: Path) -> int | None:
-    """The YAML's `nc:` (the number of classes) as a positive integer; None when not given."""
-    raw = cfg.get("nc")
-    if raw is None:
-        return None
-    nc = _class_id(raw)
-    if nc is None or nc < 1:
-        raise DatasetConfigError(f"{yaml_file}: 'nc' must be the number of classes (a whole number of 1 or more), got {short_repr(raw)}")
-    return nc
-
-
-def numbered_names(cfg: dict, yaml_file: Path) -> dict[int, str]:
+def numbered_names(typed: DataYaml) -> dict[int, str]:
     """The names of a YAML with `nc:` and no `names:`: class_0 ... class_{nc-1}, as Ultralytics names them (said in
     one line); without `nc:` either, the names_missing error."""
-    nc = nc_of(cfg, yaml_file)
-    if nc is None:
-        raise names_missing(yaml_file)
-    logging.getLogger("yolo_cb").info(f"{yaml_file.name}: no 'names', 'nc: {nc}': the classes are named class_0 ... "
-                                      f"class_{nc - 1} (as Ultralytics names them); add 'names:' to name them")
-    return {i: f"class_{i}" for i in range(nc)}
+    if typed.nc is None:
+        raise names_missing(typed.file)
+    logging.getLogger("yolo_cb").info(f"{typed.file.name}: no 'names', 'nc: {typed.nc}': the classes are named class_0 ... "
+                                      f"class_{typed.nc - 1} (as Ultralytics names them); add 'names:' to name them")
+    return {i: f"class_{i}" for i in range(typed.nc)}
 
 
 def names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
@@ -204,31 +145,9 @@ def names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) 
     return any(source_kind(p) for root, _ in places for p in split_paths(cfg.get("train"), root, "train", yaml_file) or [])
 
 
-def category_ids(cfg: dict, names: dict[int, str], yaml_file: Path) -> list[int] | None:
-    """The YAML's `category_ids` (one COCO id per name), or None when it has none."""
-    if cfg.get("category_ids") is None:
-        return None
-    ids = cfg["category_ids"]
-    if not isinstance(ids, (list, tuple)) or len(ids) != len(names):
-        raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
-    return [int(i) for i in ids]
-
-
-def read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
-    """The YAML's mapping and its names, with the required keys checked (one line naming the key and an example)."""
-    cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
-    if not isinstance(cfg, dict):
-        raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
-    for key in ("train", "val", "names"):
-        if key == "names" and cfg.get(key) in (None, "", [], {}):
-            return cfg, None  # a COCO JSON / VOC train split gives them once the root is known, else the error is raised then
-        if cfg.get(key) in (None, "", [], {}):
-            example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
-            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
-    names = parse_names(cfg["names"], yaml_file)
-    if nc_of(cfg, yaml_file) not in (None, len(names)):
-        raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
-    return cfg, names
+def category_ids(typed: DataYaml) -> list[int] | None:
+    """The YAML's `category_ids` (one COCO id per name, counted by the typed reader), or None when it has none."""
+    return None if typed.category_ids is None else list(typed.category_ids)
 
 
 def candidate_roots(cfg: dict, yaml_file: Path, ddir: Path) -> list[tuple[Path, str]]:

@@ -13,25 +13,26 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
+from yolo_cb.data.data_yaml import GenerateSpec, check_category_ids, read_data_yaml
 from yolo_cb.data.dataset_yaml import (
     SPLIT_KEYS,
     DatasetConfigError,
     DatasetYaml,
     category_ids,
     names_missing,
-    nc_of,
     read_dataset,
-    read_dataset_yaml,
     split_paths,
     val_sets,
 )
 from yolo_cb.data.download import download_dataset, is_url
-from yolo_cb.data.synthetic import generate_shapes
+from yolo_cb.data.synthetic import estimated_bytes, generate_shapes
 from yolo_cb.errors import DataError, short_repr
+from yolo_cb.utils.files import existing, size_text
+from yolo_cb.utils.log import printable
 from yolo_cb.utils.paths import find_dataset_cfg
-from yolo_cb.utils.yaml_safe import load_yaml
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -46,14 +47,15 @@ def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
     return out
 
 
-def _generate(spec, target: Path, yaml_file: Path) -> None:
-    spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
-    kind = spec.pop("kind", "shapes")
-    if kind != "shapes":
-        raise DatasetConfigError(f"{yaml_file}: 'generate' kind '{kind}' is unknown (known: shapes)")
-    n_train, n_val = int(spec.pop("train", 320)), int(spec.pop("val", 100))
+def _generate(spec: GenerateSpec, target: Path, yaml_file: Path) -> None:
+    """Make the synthetic set `spec` describes in `target`, once the disk has room for it (one line when it has not)."""
+    need, free = estimated_bytes(spec.images(), spec.max_size), shutil.disk_usage(existing(target.parent)).free
+    if need > free:
+        raise DatasetConfigError(f"{printable(yaml_file)}: 'generate' asks for {spec.images():,} images, up to {size_text(need)}, and "
+                                 f"{existing(target.parent)} has {size_text(free)} free; free some space, or ask for fewer images")
     LOGGER.info(f"{yaml_file.name}: generating the synthetic shapes dataset in {target}")
-    generate_shapes(target, n_train=n_train, n_val=n_val, **spec)
+    generate_shapes(target, n_train=spec.train, n_val=spec.val, seed=spec.seed, min_size=spec.min_size,
+                    max_size=spec.max_size, max_objects=spec.max_objects, jpeg_quality=spec.jpeg_quality)
 
 
 def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action: str) -> None:
@@ -70,7 +72,7 @@ def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action:
 def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError:
     """The error for split=<split> when the data YAML gives no such split: it names the YAML and the keys it has."""
     try:
-        keys = ", ".join(str(k) for k in (load_yaml(yaml_file, DatasetConfigError, "dataset YAML") or {}))
+        keys = ", ".join(printable(k)[:40] for k in read_data_yaml(Path(yaml_file)).written)
     except DataError:
         keys = "?"
     return DatasetConfigError(f"split={split}: the dataset YAML {yaml_file} has no '{split}' split (its keys: {keys}); add a "
@@ -97,11 +99,11 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
     """
 
     found = read_dataset(data, datasets_dir)  # every refusal the YAML itself decides, before any image is looked for
-    cfg, yaml_file, ddir = found.cfg, found.yaml_file, found.ddir
+    cfg, yaml_file = found.cfg, found.yaml_file
     root = next((p for p, _ in found.places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
     if root is None and download:
-        root, failure = _fetch_missing(cfg, found.places[-1][0], ddir, yaml_file)
+        root, failure = _fetch_missing(found, found.places[-1][0])
     if root is None:
         raise images_not_found(found, failure)
     return _resolved_dataset(found, root)
@@ -111,7 +113,7 @@ def images_not_found(found: DatasetYaml, failure: str) -> FileNotFoundError:
     """The error for a dataset whose images are in none of the places its root may be (`failure`: why a download or the
     generation did not bring them)."""
     looked = "\n".join(f"  {p}  ({why})" for p, why in found.places)
-    wanted = ", ".join(f"{k}: {found.cfg[k]}" for k in ("train", "val"))
+    wanted = ", ".join(f"{k}: {short_repr(found.cfg[k])}" for k in ("train", "val"))
     return FileNotFoundError(
         f"{found.yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
         f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {found.ddir}), "
@@ -139,26 +141,25 @@ def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int
     raise names_missing(yaml_file)
 
 
-def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tuple[Path | None, str]:
+def _fetch_missing(found: DatasetYaml, target: Path) -> tuple[Path | None, str]:
     """(root, why not): download (``download:``) or generate (``generate:``) the dataset into `target`, inside datasets_dir."""
-    downloads = cfg.get("download")
-    downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
-    if not (downloads or cfg.get("generate")):
+    spec, yaml_file = found.typed, found.yaml_file
+    if not (spec.download or spec.generate):
         return None, ""
-    check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
-    if downloads:
-        failure = _download_all(downloads, target, yaml_file)
+    check_inside_datasets_dir(target, found.ddir, yaml_file, "downloads" if spec.download else "generates")
+    if spec.download:
+        failure = _download_all(spec.download, target, yaml_file)
         if failure:
             return None, failure
     else:
-        _generate(cfg["generate"], target, yaml_file)
-    if not _missing(cfg, target, yaml_file):
+        _generate(spec.generate, target, yaml_file)
+    if not _missing(found.cfg, target, yaml_file):
         return target, ""
-    return None, (f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: "
-                  f"{_missing(cfg, target, yaml_file)}")
+    return None, (f"\nAfter {'downloading' if spec.download else 'generating'} into {target.parent}, these are still missing: "
+                  f"{short_repr(_missing(found.cfg, target, yaml_file), 300)}")
 
 
-def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
+def _download_all(urls: tuple[str, ...], target: Path, yaml_file: Path) -> str:
     """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
 
     for url in urls:
@@ -187,7 +188,8 @@ def _resolved_dataset(found: DatasetYaml, root: Path) -> dict:
     source_ids = None
     if names is None:
         names, source_ids = _source_names({"train": split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
-        if nc_of(cfg, yaml_file) not in (None, len(names)):
+        check_category_ids(found.typed, len(names))
+        if found.typed.nc not in (None, len(names)):
             raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but the train split's annotations give {len(names)} "
                                      f"classes; correct nc or leave it out")
 
@@ -201,7 +203,7 @@ def _resolved_dataset(found: DatasetYaml, root: Path) -> dict:
     out["val"] = next(iter(out["val_sets"].values()))  # the first set: what a single-set reader of data["val"] gets
     out["val_named"] = isinstance(cfg.get("val"), dict)  # a {name: path} mapping (fingerprints of version 1 counted its first set)
     out["names"], out["nc"] = names, len(names)
-    ids = category_ids(cfg, names, yaml_file)
+    ids = category_ids(found.typed)
     if ids is not None or source_ids is not None:
         out["category_ids"] = ids if ids is not None else source_ids
     return out
@@ -210,8 +212,7 @@ def _resolved_dataset(found: DatasetYaml, root: Path) -> dict:
 def require_local(data: str, datasets_dir: str | None, recorded_in: str) -> None:
     """DataError, one line, when the dataset a file records (a checkpoint's data=) is not on this machine: a setting read
     from a file never starts a download (a checkpoint's data=coco8.yaml made val create ./datasets and fetch it)."""
-    cfg, _ = read_dataset_yaml(find_dataset_cfg(str(data)).resolve())
-    if not cfg.get("download"):
+    if not read_data_yaml(find_dataset_cfg(str(data)).resolve()).download:
         return  # nothing it could fetch (a synthetic set is generated locally, as for any run)
     try:
         check_data(data, datasets_dir, download=False)

@@ -47,7 +47,7 @@ class Visualize:
         path = Path(trainer.save_dir) / "labels.jpg"
         if not trainer.is_main or path.exists() or getattr(trainer, "train_loader", None) is None:
             return
-        from yolo_cb.data.label_plot import plot_labels
+        from yolo_cb.utils.plotting import plot_labels
 
         plot_labels(trainer.train_loader.dataset.labels, _names(trainer.data.get("names")), path)
         trainer.new_images.append(path)
