@@ -20,7 +20,7 @@ from yolo_cb.utils.log import printable, setup_logging
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
-MODES = ("train", "val", "predict", "export", "tune", "benchmark")
+MODES = ("train", "val", "predict", "track", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
 DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
 
@@ -251,8 +251,8 @@ def run(argv: list[str]) -> object:
         from yolo_cb.export.benchmark import benchmark
 
         return benchmark(args)
-    if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
-        return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+    if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
+        return drain(model.run_predict(kwargs.pop("source", None), True, {**kwargs, "mode": mode}, save=True))
     if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
         return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]

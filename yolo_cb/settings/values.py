@@ -259,7 +259,7 @@ def resolve_close_mosaic(sources: list[dict], default: int) -> int:
     return value
 
 
-def _coerce_classes(value: Any) -> list[int] | None:
+def _coerce_classes(value: Any, key: str = "classes") -> list[int] | None:
     if value is None or value == "":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -269,11 +269,11 @@ def _coerce_classes(value: Any) -> list[int] | None:
     try:
         return [int(v) for v in value]
     except (TypeError, ValueError):
-        raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
+        raise _bad(key, value, f"an integer or a list of integers, e.g. {key}=0,2") from None
 
 
 def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | None:
-    return _coerce_classes(value)
+    return _coerce_classes(value, key)
 
 
 COERCERS = {  # a setting's kind (yolo_cb/settings/schema.py) -> how a value of it is typed and checked
