@@ -155,11 +155,12 @@ def check_pairs(config: Config) -> Config:
     if config.unfreeze_epoch is not None and config.freeze is None:
         raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
                           f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
-    warmup, default_warmup = config.unfreeze_warmup, load_defaults()["unfreeze_warmup"]
+    defaults = load_defaults()
+    warmup, default_warmup = config.unfreeze_warmup, defaults["unfreeze_warmup"]
     if config.freeze is None and warmup != default_warmup:
         raise ConfigError(f"invalid value for 'unfreeze_warmup': {warmup}; it is the warmup of layers that were frozen, and "
                           f"nothing is frozen: set freeze= as well, or leave unfreeze_warmup at {default_warmup}")
-    if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
+    if config.worst_source != defaults["worst_source"] and not config.worst_batches:
         raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
                           f"worst_batches is 0 (off): set worst_batches=k as well")
     for key, modes in MODE_SETTINGS.items():

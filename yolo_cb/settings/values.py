@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any
@@ -42,11 +43,22 @@ def _parse_scalar(text: str) -> Any:
     stripped = text.strip()
     if not stripped:
         return None
+    parsed = _yaml_scalar(stripped)
+    return text if parsed is _NOT_SCALAR else parsed
+
+
+_NOT_SCALAR = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _yaml_scalar(text: str) -> Any:
+    """The YAML scalar `text` spells, or _NOT_SCALAR (a list, a mapping, invalid YAML). Cached: the settings are resolved
+    at every predict call (`for frame in frames: model(frame)`), and a scalar (immutable) is the same every time."""
     try:
-        parsed = yaml_loads(stripped)
+        parsed = yaml_loads(text)
     except yaml.YAMLError:
-        return text
-    return text if isinstance(parsed, (dict, list)) else parsed
+        return _NOT_SCALAR
+    return _NOT_SCALAR if isinstance(parsed, (dict, list)) else parsed
 
 
 def _as_number(value: Any) -> Any:
