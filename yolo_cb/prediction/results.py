@@ -290,12 +290,14 @@ class Results:
         return written
 
     def save_txt(self, path: str | Path, save_conf: bool = False) -> str:
-        """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf]', coordinates normalised to [0, 1]."""
+        """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf] [id]', coordinates normalised to [0, 1]; a
+        tracked box's id last, as Ultralytics."""
         boxes = Boxes(self.boxes._tensor(), self.orig_shape)
+        ids = self.boxes.id.tolist() if self.boxes.is_track else [None] * len(boxes)
         lines = []
-        for (cx, cy, w, h), score, cls in zip(boxes.xywhn.tolist(), boxes.conf.tolist(), boxes.cls.tolist(), strict=True):
+        for (cx, cy, w, h), score, cls, i in zip(boxes.xywhn.tolist(), boxes.conf.tolist(), boxes.cls.tolist(), ids, strict=True):
             line = f"{int(cls)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
-            lines.append(line + (f" {score:.6f}" if save_conf else ""))
+            lines.append(line + (f" {score:.6f}" if save_conf else "") + (f" {int(i)}" if i is not None else ""))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         append_bytes(path, "".join(line + "\n" for line in lines).encode("utf-8"))  # a link at `path` is replaced, never followed

@@ -26,7 +26,11 @@ LOST_BUFFER = 30  # their track_buffer: frames (at 30 FPS) a lost track is kept 
 
 def require_trackers() -> None:
     """The one-line refusal when the tracker package is not installed (found without importing it)."""
-    if importlib.util.find_spec("trackers") is None:
+    try:
+        found = importlib.util.find_spec("trackers") is not None
+    except ImportError:  # a finder that refuses the name
+        found = False
+    if not found:
         raise ConfigError("track needs the `trackers` package (BoT-SORT / ByteTrack), which is not installed: "
                           "pip install 'yolo-cb[track]'")
 
