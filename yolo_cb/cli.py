@@ -28,7 +28,7 @@ HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
 
 Usage:
-  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune benchmark
+  yolo-cb MODE key=value ...      MODE is one of: train val predict track export tune benchmark
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
