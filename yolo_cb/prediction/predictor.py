@@ -144,7 +144,7 @@ class Predictor:
     def stream_inference(self, source: Any = None, model: Any = None) -> Iterator[Results]:
         source = source if source is not None else self.args.source
         if source is None:
-            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
+            raise ConfigError(f"{self.args.mode} needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
         backend = self.setup_model(model)
         if self.args.augment:
             level_strides(backend)  # a model that cannot take other input sizes: refused before any work
@@ -214,7 +214,8 @@ class Predictor:
         """embed=: one feature vector per image of the batch (yolo_cb/prediction/embed.py) instead of Results; the
         batch's events but on_predict_postprocess_end fire (there is no postprocess), as in Ultralytics."""
         paths = [f.path for f in batch]
-        self.batch = (paths, [f.image for f in batch], [self._describe(p, f.frame, None) for p, f in zip(paths, batch, strict=True)])
+        images = [tensor_to_bgr(f.image) if isinstance(f.image, torch.Tensor) else f.image for f in batch]
+        self.batch = (paths, images, [self._describe(p, f.frame, None) for p, f in zip(paths, batch, strict=True)])
         self.run_callbacks("on_predict_batch_start")
         x = torch.stack([self.prepare(f.image, backend)[0] for f in batch]).to(backend.device)
         vectors = embeddings(backend, x, self.args.embed)
