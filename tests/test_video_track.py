@@ -74,6 +74,18 @@ def test_repeated_calls_build_the_model_once(setup):
     assert model.predictor is not predictor and model.predictor.backend is not backend
 
 
+def test_each_call_reads_its_own_settings(setup):
+    """A call's settings are resolved once for a repeated request: an argument changed in place between calls still counts."""
+    model = YOLO(setup["weights"])
+    every = {int(c) for c in model(setup["frames"][0], imgsz=64, verbose=False)[0].boxes.cls}
+    classes = [c for c in NAMES if c not in every]  # classes the model finds nowhere here: no boxes
+    assert len(model(setup["frames"][0], imgsz=64, classes=classes, verbose=False)[0]) == 0
+    classes[:] = sorted(every)
+    assert {int(c) for c in model(setup["frames"][0], imgsz=64, classes=classes, verbose=False)[0].boxes.cls} == every
+    model.predictor.args.conf = 0.99  # a callback's write to the last call's settings is not carried into the next call
+    assert model(setup["frames"][0], imgsz=64, classes=classes, verbose=False)[0].boxes.conf.min() < 0.99
+
+
 def test_a_rewritten_checkpoint_is_loaded_again(setup, tmp_path):
     weights = tmp_path / "w.pt"
     weights.write_bytes(Path(setup["weights"]).read_bytes())

@@ -230,8 +230,9 @@ class YOLO(ModelHabits):
 
         kwargs = self._fetch_named_weights(kwargs)
         mode = kwargs.pop("mode", "predict")  # "track" from track() and `yolo-cb track`
-        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": mode, "model": kwargs.get("model", self.source)},
-                          base={"save": save, "batch": PREDICT_BATCH, **({"conf": TRACK_CONF} if mode == "track" else {})})
+        overrides = {**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": mode, "model": kwargs.get("model", self.source)}
+        args = self._call_settings(overrides, lambda: get_config(overrides, base={"save": save, "batch": PREDICT_BATCH,
+                                                                                  **({"conf": TRACK_CONF} if mode == "track" else {})}), save)
         setup_logging(args.verbose)
         predictor, model = self._reused_predictor(args, kwargs, self._engine_callbacks(args))
         if model is not None:

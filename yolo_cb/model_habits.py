@@ -38,6 +38,7 @@ class ModelHabits:
 
     predictor: Any = None  # the Predictor of the last predict() / __call__ / track() (Ultralytics' model.predictor)
     _predictor_key: tuple | None = None  # what `predictor` was built for (PREDICTOR_SETUP_KEYS and the model's identity)
+    _last_settings: tuple | None = None  # (what the last predict / track call asked for, its resolved settings)
     _loaded_from: str | None = None  # what load() transferred weights from into the module of `source` (None: nothing)
 
     @property
@@ -135,6 +136,23 @@ class ModelHabits:
 
         device = select_device(args.device)
         return PyTorchBackend(copy.deepcopy(module), owned=True, device=device, fp16=bool(args.half) and device.type == "cuda")
+
+    def _call_settings(self, overrides: dict, resolve, *extra) -> Any:
+        """The resolved settings of a predict / track call: a copy of the last call's when it asked for the same (equal
+        arguments, and neither the user settings file nor a cfg= file changed since), else resolve(). Resolving them
+        costs milliseconds, a real share of a small model's frame."""
+        from yolo_cb.settings.user import settings_path
+
+        try:
+            key = (copy.deepcopy(overrides), extra, file_stamp(settings_path()), file_stamp(overrides.get("cfg") or ""))
+            same = self._last_settings is not None and bool(self._last_settings[0] == key)
+        except Exception:  # an argument that cannot be copied or compared (an array): resolved every time
+            key, same = None, False
+        if key is None:
+            return resolve()
+        if not same:
+            self._last_settings = (key, resolve())
+        return copy.copy(self._last_settings[1])
 
     def _reused_predictor(self, args, kwargs: dict, callbacks) -> tuple[Predictor, Any]:
         """(the predictor to run, the model to hand it): the last call's predictor with these settings and callbacks, and
