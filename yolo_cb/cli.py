@@ -22,7 +22,7 @@ from yolo_cb.utils.paths import DEFAULT_MODEL
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
-MODES = ("train", "val", "predict", "export", "tune", "benchmark")
+MODES = ("train", "val", "predict", "track", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
 DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
 DATA_MODES = ("train", "val", "tune", "benchmark")  # the modes whose run resolves data= (export reads it for int8 only)
@@ -31,7 +31,7 @@ HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
 
 Usage:
-  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune benchmark
+  yolo-cb MODE key=value ...      MODE is one of: train val predict track export tune benchmark
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
@@ -276,8 +276,8 @@ def run(argv: list[str]) -> object:
         from yolo_cb.export.benchmark import benchmark
 
         return benchmark(args)
-    if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
-        return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+    if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
+        return drain(model.run_predict(kwargs.pop("source", None), True, {**kwargs, "mode": mode}, save=True))
     if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
         return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]

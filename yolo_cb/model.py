@@ -31,7 +31,8 @@ from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
 from yolo_cb.nn.summary import log_summary, model_info
 from yolo_cb.prediction.backend import load_backend
-from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
+from yolo_cb.prediction.predictor import PREDICT_BATCH
+from yolo_cb.prediction.tracking import TRACK_CONF
 from yolo_cb.settings.config import Config, ConfigError, coerce, get_config
 from yolo_cb.training.launch import launch_ddp
 from yolo_cb.training.plan import plan_run
@@ -228,12 +229,14 @@ class YOLO(ModelHabits):
         """predict() with `save` as the default of save= (False from Python, True from the CLI)."""
 
         kwargs = self._fetch_named_weights(kwargs)
-        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
-                          base={"save": save, "batch": PREDICT_BATCH})
-        model = self._mode_model(args, kwargs)
-        self._require_weights("predict", model)
+        mode = kwargs.pop("mode", "predict")  # "track" from track() and `yolo-cb track`
+        overrides = {**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": mode, "model": kwargs.get("model", self.source)}
+        args = self._call_settings(overrides, lambda: get_config(overrides, base={"save": save, "batch": PREDICT_BATCH,
+                                                                                  **({"conf": TRACK_CONF} if mode == "track" else {})}), save)
         setup_logging(args.verbose)
-        predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))
+        predictor, model = self._reused_predictor(args, kwargs, self._engine_callbacks(args))
+        if model is not None:
+            self._require_weights(mode, model)
         return predictor(source=source if source is not None else args.source, model=model, stream=stream)
 
     def export(self, **kwargs) -> str:

@@ -144,7 +144,8 @@ def names_a_resume(value: Any) -> bool:
     return value is not None and coerce("resume", value) not in (None, False)
 
 
-MODE_SETTINGS = {"augment": ("predict", "val"), "single_cls": ("train", "val", "tune")}  # switches only these modes read
+MODE_SETTINGS = {"augment": ("predict", "track", "val"), "single_cls": ("train", "val", "tune"), "persist": ("track",),
+                 "embed": ("predict",)}  # switches only these modes read
 
 
 def check_pairs(config: Config) -> Config:
@@ -154,17 +155,22 @@ def check_pairs(config: Config) -> Config:
     if config.unfreeze_epoch is not None and config.freeze is None:
         raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
                           f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
-    warmup, default_warmup = config.unfreeze_warmup, load_defaults()["unfreeze_warmup"]
+    defaults = load_defaults()
+    warmup, default_warmup = config.unfreeze_warmup, defaults["unfreeze_warmup"]
     if config.freeze is None and warmup != default_warmup:
         raise ConfigError(f"invalid value for 'unfreeze_warmup': {warmup}; it is the warmup of layers that were frozen, and "
                           f"nothing is frozen: set freeze= as well, or leave unfreeze_warmup at {default_warmup}")
-    if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
+    if config.worst_source != defaults["worst_source"] and not config.worst_batches:
         raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
                           f"worst_batches is 0 (off): set worst_batches=k as well")
     for key, modes in MODE_SETTINGS.items():
         if getattr(config, key) and config.mode not in modes:
-            raise ConfigError(f"{key}=True is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
+            raise ConfigError(f"{key}={getattr(config, key)} is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
                               f"there): drop it" + (". Training's augmentation: mosaic=, fliplr=, scale=, hsv_h=, ..." if key == "augment" else ""))
+    if config.mode == "track":
+        from yolo_cb.prediction.tracking import require_trackers  # no torch: the refusal comes before torch loads
+
+        require_trackers()
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "

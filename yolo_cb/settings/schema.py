@@ -85,7 +85,7 @@ class Settings:
 
     # what to run
     task: Annotated[str, _enum("detect")]
-    mode: Annotated[str, _enum("train", "val", "predict", "export", "tune", "benchmark", **R)]
+    mode: Annotated[str, _enum("train", "val", "predict", "track", "export", "tune", "benchmark", **R)]
     model: Annotated[str | None, _k("text")]
     trust: Annotated[bool, _k("bool")]
     data: Annotated[str | None, _k("text")]
@@ -187,6 +187,10 @@ class Settings:
     show: Annotated[bool, _k("bool")]
     save_crop: Annotated[bool, _k("bool")]
     line_width: Annotated[int | None, _int(1)]
+    vid_stride: Annotated[int, _int(1)]
+    embed: Annotated[list[int] | None, _k("classes")]
+    tracker: Annotated[str, _enum("botsort.yaml", "bytetrack.yaml", "botsort", "bytetrack")]
+    persist: Annotated[bool, _k("bool")]
     # export
     format: Annotated[str, _enum("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml")]
     int8: Annotated[bool, _k("bool")]

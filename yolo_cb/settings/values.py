@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any
@@ -42,11 +43,22 @@ def _parse_scalar(text: str) -> Any:
     stripped = text.strip()
     if not stripped:
         return None
+    parsed = _yaml_scalar(stripped)
+    return text if parsed is _NOT_SCALAR else parsed
+
+
+_NOT_SCALAR = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _yaml_scalar(text: str) -> Any:
+    """The YAML scalar `text` spells, or _NOT_SCALAR (a list, a mapping, invalid YAML). Cached: the settings are resolved
+    at every predict call (`for frame in frames: model(frame)`), and a scalar (immutable) is the same every time."""
     try:
-        parsed = yaml_loads(stripped)
+        parsed = yaml_loads(text)
     except yaml.YAMLError:
-        return text
-    return text if isinstance(parsed, (dict, list)) else parsed
+        return _NOT_SCALAR
+    return _NOT_SCALAR if isinstance(parsed, (dict, list)) else parsed
 
 
 def _as_number(value: Any) -> Any:
@@ -259,7 +271,7 @@ def resolve_close_mosaic(sources: list[dict], default: int) -> int:
     return value
 
 
-def _coerce_classes(value: Any) -> list[int] | None:
+def _coerce_classes(value: Any, key: str = "classes") -> list[int] | None:
     if value is None or value == "":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -269,11 +281,11 @@ def _coerce_classes(value: Any) -> list[int] | None:
     try:
         return [int(v) for v in value]
     except (TypeError, ValueError):
-        raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
+        raise _bad(key, value, f"an integer or a list of integers, e.g. {key}=0,2") from None
 
 
 def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | None:
-    return _coerce_classes(value)
+    return _coerce_classes(value, key)
 
 
 COERCERS = {  # a setting's kind (yolo_cb/settings/schema.py) -> how a value of it is typed and checked
