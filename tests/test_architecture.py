@@ -54,6 +54,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "results_plot", "parts"),
     "yolo_cb.prediction": ("model_trust", "torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
+                           "embed", "tracking",
                            "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
     "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "benchmark"),

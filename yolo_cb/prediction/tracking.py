@@ -11,28 +11,16 @@ work (`require_trackers`, called while the settings are resolved). Nothing here 
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import numpy as np
 
-from yolo_cb.errors import ConfigError
+from yolo_cb.settings.config import require_trackers
 
 TRACK_CONF = 0.1  # track's confidence threshold when conf= is not given (Ultralytics': the tracker sees low-score boxes)
 HIGH_CONF = 0.25  # Ultralytics' bytetrack.yaml / botsort.yaml: track_high_thresh and new_track_thresh
 MATCH_IOU = 0.2  # their match_thresh 0.8 is a cost (1 - IoU): a match needs IoU >= 0.2
 LOST_BUFFER = 30  # their track_buffer: frames (at 30 FPS) a lost track is kept for re-association
-
-
-def require_trackers() -> None:
-    """The one-line refusal when the tracker package is not installed (found without importing it)."""
-    try:
-        found = importlib.util.find_spec("trackers") is not None
-    except ImportError:  # a finder that refuses the name
-        found = False
-    if not found:
-        raise ConfigError("track needs the `trackers` package (BoT-SORT / ByteTrack), which is not installed: "
-                          "pip install 'yolo-cb[track]'")
 
 
 def new_tracker(name: str, fps: float = 30.0) -> Any:

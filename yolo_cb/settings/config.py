@@ -7,6 +7,7 @@ are in yolo_cb/settings/schema.py; each value is typed by yolo_cb/settings/value
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -168,9 +169,7 @@ def check_pairs(config: Config) -> Config:
             raise ConfigError(f"{key}={getattr(config, key)} is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
                               f"there): drop it" + (". Training's augmentation: mosaic=, fliplr=, scale=, hsv_h=, ..." if key == "augment" else ""))
     if config.mode == "track":
-        from yolo_cb.prediction.tracking import require_trackers  # no torch: the refusal comes before torch loads
-
-        require_trackers()
+        require_trackers()  # before torch loads
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "
@@ -198,3 +197,14 @@ def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved settings as YAML (args.yaml in each run dir)."""
     data = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.as_dict().items()}
     atomic_write_text(Path(path), yaml.safe_dump(data, sort_keys=False))
+
+
+def require_trackers() -> None:
+    """The one-line refusal when the tracker package (the `track` extra) is not installed, found without importing it."""
+    try:
+        found = importlib.util.find_spec("trackers") is not None
+    except ImportError:  # a finder that refuses the name
+        found = False
+    if not found:
+        raise ConfigError("track needs the `trackers` package (BoT-SORT / ByteTrack), which is not installed: "
+                          "pip install 'yolo-cb[track]'")
