@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors"),  # small and boring, no other yolo_cb
     ("yolo_cb.callbacks.events", "yolo_cb.callbacks.order", "yolo_cb.callbacks.event_list", "yolo_cb.callbacks.signature"),  # event names; order; list view; what a callback must accept
-    ("yolo_cb.callbacks.dispatch",),  # the dispatcher
+    ("yolo_cb.callbacks.callback_error", "yolo_cb.callbacks.dispatch"),  # a callback's failure; the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
-    ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
+    ("yolo_cb.nn", "yolo_cb.metrics", "yolo_cb.confusion_table"),  # networks, losses, box maths; the confusion matrix as a table
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.settings",),  # the settings: parsed, typed, checked, resolved once; Ultralytics' keys we do not have
     ("yolo_cb.checkpoints",),  # our checkpoint format (typed, atomic, weights_only) and the official weights
@@ -42,7 +42,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
     "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
-    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
+    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
@@ -54,7 +54,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "results_plot", "parts"),
     "yolo_cb.prediction": ("model_trust", "torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
                            "predictor"),
-    "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
+    "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "val_txt", "validator"),
     "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "benchmark"),
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
                          "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),

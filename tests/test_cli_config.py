@@ -90,8 +90,8 @@ def test_coercion_from_strings_and_cfg_file(tmp_path):
 
 def test_run_dirs_increment(tmp_path):
     assert increment_path(tmp_path / "exp").name == "exp"
-    assert increment_path(tmp_path / "exp").name == "exp2"
-    assert increment_path(tmp_path / "exp").name == "exp3"
+    assert increment_path(tmp_path / "exp").name == "exp-2"
+    assert increment_path(tmp_path / "exp").name == "exp-3"
     assert increment_path(tmp_path / "exp", exist_ok=True).name == "exp"
 
 

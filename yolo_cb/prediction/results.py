@@ -127,6 +127,10 @@ class Results:
     def _with_boxes(self, boxes: Boxes) -> Results:
         return Results(self.orig_img, self.path, self.names, boxes=boxes.data, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
 
+    def new(self) -> Results:
+        """The same image, path, names, speed, frame and save_dir with no detections, as Ultralytics' Results.new()."""
+        return Results(self.orig_img, self.path, self.names, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
+
     def __len__(self) -> int:
         return len(self.boxes)
 
