@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
 from yolo_cb.assembly.builtin import LOOP_STEPS
 from yolo_cb.callbacks.dispatch import Callbacks
