@@ -48,7 +48,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
     "yolo_cb.data": ("transforms", "npy_cache", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "resolve",
-                     "convert", "check", "loader"),
+                     "convert", "check", "batch_keys", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "results_plot", "parts"),

@@ -171,3 +171,41 @@ def test_a_callback_error_keeps_its_own_type(shapes_small_yaml, tmp_path):
     assert isinstance(error, CallbackError) and type(error).__name__ == "CallbackError"
     assert error.callback_name == "picky" and error.event == "on_pretrain_routine_start" and type(error.error) is ValueError
     assert "callback 'picky'" in str(error)
+
+
+def test_trainer_batch_has_ultralytics_keys_and_their_edits_train(shapes_small_yaml, tmp_path):
+    """trainer.batch["batch_idx"], ["cls"] (N, 1) and ["bboxes"] (N, 4, cx cy w h normalised to the input), as Ultralytics';
+    a callback's edit of them is what the loss sees (read back from targets after the loss)."""
+    seen = {}
+
+    def read_and_edit(trainer):
+        batch = trainer.batch
+        targets, (height, width) = batch["targets"], batch["img"].shape[-2:]
+        assert torch.equal(batch["batch_idx"], targets[:, 0]) and torch.equal(batch["cls"], targets[:, 1:2])
+        assert torch.allclose(batch["bboxes"] * torch.tensor([width, height, width, height]), targets[:, 2:6], atol=1e-4)
+        assert 0 <= batch["bboxes"].min() and batch["bboxes"].max() <= 1
+        seen["rows"] = len(targets)
+        batch["cls"] = torch.zeros_like(batch["cls"])  # a new tensor, not an in-place edit: still what trains
+        batch["bboxes"][:, 2:] *= 0.5
+
+    def after_loss(trainer):
+        seen["classes"] = set(trainer.batch["targets"][:, 1].tolist())
+        seen["boxes"] = trainer.batch["bboxes"].clone()
+
+    model = YOLO("yolox-nano.yaml")
+    model.add_callback("on_train_batch_start", read_and_edit)
+    model.add_callback("on_train_batch_loss_end", after_loss)
+    model.train(data=str(shapes_small_yaml), project=str(tmp_path), name="keys", fraction=0.25, **TINY)
+    assert seen["rows"] > 0 and seen["classes"] == {0.0} and seen["boxes"][:, 2:].max() <= 0.5
+
+
+def test_a_fixed_batch_2_onnx_predicts_a_folder_of_3_images(trained, tmp_path):
+    """docs: a fixed-batch export predicts in its own batch; the last, shorter batch failed ('got 1')."""
+    model = YOLO(trained["weights"])
+    onnx = model.export(format="onnx", batch=2, imgsz=64, project=str(tmp_path))
+    images = sorted(trained["images"].glob("*.jpg"))[:3]
+    got = YOLO(onnx).predict([str(p) for p in images], batch=2, imgsz=64, conf=CONF)
+    want = model.predict([str(p) for p in images], imgsz=64, conf=CONF)
+    assert len(got) == 3 and [len(r) for r in got] == [len(r) for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert np.allclose(a.boxes.xyxy.numpy(), b.boxes.xyxy.numpy(), atol=0.5)
