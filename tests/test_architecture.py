@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
     ("yolo_cb.training",),  # a run: its plan, its parts built, the step, resume, signals, DDP workers launched
     ("yolo_cb.tune", "yolo_cb.tune.ray_backend"),  # studies of trainings: Optuna's, or Ray Tune's (backend=ray)
-    ("yolo_cb.model_habits", "yolo_cb.model"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
+    ("yolo_cb.model_habits", "yolo_cb.model", "yolo_cb.engine"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
     ("yolo_cb.cli_info", "yolo_cb.cli"),  # `yolo-cb checks` / `copy-cfg`; the command line
     ("yolo_cb", "yolo_cb.__main__"),  # the package root: __version__ and a lazy YOLO
 )
@@ -42,12 +42,12 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "files", "log", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
     "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
-    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "registry", "record",
+    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "engine", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
     "yolo_cb.nn.yolox": ("backbone", "loss", "head", "model"),
-    "yolo_cb.data": ("transforms", "npy_cache", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "resolve",
+    "yolo_cb.data": ("label_file", "transforms", "npy_cache", "verify", "download", "synthetic", "label_plot", "dataset", "formats", "resolve",
                      "convert", "check", "batch_keys", "loader"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
@@ -61,6 +61,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
                              "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
     "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
+    "yolo_cb.engine": (),  # the old import paths: an import finder in its __init__, no modules
     "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),
 }
 MAX_MODULES_PER_PACKAGE = 15  # a folder past this is a drawer: split it by concern

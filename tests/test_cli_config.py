@@ -67,7 +67,7 @@ def test_missing_data_lists_where_it_looked(tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"mosaic": 1.5}, "fraction in \\[0, 1\\]"),
     ({"optimizer": "sgdd"}, "one of SGD"),
-    ({"imgsz": 100}, "multiple of 32"),
+    ({"imgsz": 8200}, "<= 8192"),
     ({"epochs": 0}, "integer >= 1"),
     ({"amp": "maybe"}, "true or false"),
     ({"lr0": -1}, "> 0"),

@@ -209,3 +209,124 @@ def test_a_fixed_batch_2_onnx_predicts_a_folder_of_3_images(trained, tmp_path):
     assert len(got) == 3 and [len(r) for r in got] == [len(r) for r in want]
     for a, b in zip(got, want, strict=True):
         assert np.allclose(a.boxes.xyxy.numpy(), b.boxes.xyxy.numpy(), atol=0.5)
+
+
+# --- 5. Ultralytics' settings files and names ------------------------------------------------------------------------------
+def ultralytics_default_yaml(folder: Path) -> Path:
+    """A settings file as `yolo copy-cfg` writes it (Ultralytics 8.4.190's default.yaml): every key yolo-cb lacks at
+    Ultralytics' value, the shared ones at Ultralytics' values (its iou 0.7, lr0 0.01, ...), opset/nms/channels_last empty."""
+    from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_DEFAULTS
+
+    shared = {"task": "detect", "mode": "train", "model": None, "data": None, "epochs": 100, "batch": 16, "imgsz": 640, "save": True,
+              "cache": False, "device": None, "workers": 8, "project": None, "name": None, "exist_ok": False, "optimizer": "auto",
+              "close_mosaic": 10, "amp": True, "fraction": 1.0, "iou": 0.7, "max_det": 300, "opset": None, "nms": None,
+              "channels_last": None, "lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "nbs": 64, "hsv_h": 0.015, "degrees": 0.0,
+              "perspective": 0.0, "mosaic": 1.0, "mixup": 0.0}
+    path = folder / "default.yaml"
+    path.write_text(yaml.safe_dump({**shared, **ULTRALYTICS_DEFAULTS}, sort_keys=False))
+    return path
+
+
+def test_ultralytics_default_yaml_is_read_whole(tmp_path, caplog):
+    from yolo_cb.settings.config import get_config
+    from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_DEFAULTS
+
+    given = ultralytics_default_yaml(tmp_path)
+    with caplog.at_level("INFO", logger="yolo_cb"):
+        args = get_config({"cfg": str(given)})
+        get_config({"cfg": str(given)})  # said once per process
+    assert args.iou == 0.7 and args.lr0 == 0.01 and args.channels_last is True  # empty channels_last: yolo-cb's default
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and all(k in said[0] for k in [*ULTRALYTICS_DEFAULTS, "opset", "nms", "channels_last"]), said
+    changed = yaml.safe_load(given.read_text()) | {"dfl": 2.0, "erasing": 0.0, "fooo": 1, "copy_paste_mode": "mixup"}
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+    with pytest.raises(ConfigError) as refused:
+        get_config({"cfg": str(tmp_path / "changed.yaml")})
+    message = str(refused.value)
+    assert "\n" not in message and "4 settings" in message
+    assert all(part in message for part in ("'dfl: 2.0'", "'erasing: 0.0'", "'fooo'", "'copy_paste_mode: mixup'", "1.5"))
+
+
+def test_ultralytics_default_yaml_trains_from_the_cli(shapes_small_yaml, tmp_path):
+    cfg = ultralytics_default_yaml(tmp_path)
+    status, out = cli("train", f"cfg={cfg}", f"data={shapes_small_yaml}", "model=yolox-nano.yaml", "epochs=1", "imgsz=64", "batch=8",
+                      "workers=0", "mosaic=0", "plots=False", "mlflow=False", "tensorboard=False", "onnx_check=False",
+                      f"project={tmp_path}", "name=ul", cwd=tmp_path)
+    assert status == 0, out[-3000:]
+    assert sum("left out, as asking for nothing" in line for line in out.splitlines()) == 1, out[-3000:]
+    assert yaml.safe_load((tmp_path / "ul" / "args.yaml").read_text())["iou"] == 0.7
+
+
+def test_perspective_is_a_setting_and_warps(tmp_path):
+    from yolo_cb.data.transforms import RandomAffine
+    from yolo_cb.settings.config import get_config
+
+    assert get_config({"perspective": 0.0005}).perspective == 0.0005
+    with pytest.raises(ConfigError, match="<= 0.001"):
+        get_config({"perspective": 0.01})
+    np.random.seed(1)
+    image = np.full((640, 640, 3), 50, np.uint8)
+    image[100:300, 200:500] = 200
+    sample = {"img": image, "bboxes": np.array([[200, 100, 500, 300]], np.float32), "areas": np.array([60000.0], np.float32),
+              "cls": np.array([1])}
+    out = RandomAffine(640, translate=0.0, scale=0.0, perspective=0.001)(sample)
+    bright = out["img"][..., 0] > 120
+    ys, xs = np.where(bright)
+    assert np.allclose(out["bboxes"][0], [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], atol=2)  # the box follows the warp
+    rows = np.where(bright.any(1))[0]
+    assert abs(int(bright[rows.min() + 2].sum()) - int(bright[rows.max() - 2].sum())) > 20  # a trapezoid: no affine makes one
+
+
+def test_imgsz_not_a_multiple_of_the_stride_rounds_up_with_a_warning(caplog):
+    from yolo_cb.settings.config import get_config
+
+    with caplog.at_level("WARNING", logger="yolo_cb"):
+        assert get_config({"imgsz": 100}).imgsz == 128
+    assert any("imgsz=100 must be a multiple of 32" in r.getMessage() and "128" in r.getMessage() for r in caplog.records)
+
+
+def test_old_import_paths_work_with_a_deprecation_warning():
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    from yolo_cb.engine.trainer import Trainer\nexcept DeprecationWarning as w:\n    print('warned:', w)\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from yolo_cb.engine.trainer import Trainer\nfrom yolo_cb.training.trainer import Trainer as New\n"
+            "from yolo_cb.engine.stop import StopCause\nfrom yolo_cb.engine.exporter import Exporter\n"
+            "from yolo_cb.engine.backend import load_backend\nfrom yolo_cb.engine.epoch_record import EpochRecord\n"
+            "from yolo_cb.engine.run_state import RunState\nfrom yolo_cb.callbacks.engine import Callbacks\n"
+            "from yolo_cb.engine import MOVED\nimport importlib\n"
+            "print(Trainer is New, all(importlib.import_module('yolo_cb.engine.' + m) is importlib.import_module(n) for m, n in MOVED.items()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warned: yolo_cb.engine.trainer is now yolo_cb.training.trainer" in done.stdout and "True True" in done.stdout, done.stdout
+
+
+def test_readme_callbacks_from_the_folder_holding_the_package(shapes_small_yaml, tmp_path):
+    """`yolo-cb train ... callbacks=mypkg.cbs:fn` from the folder that holds mypkg/: the console script does not put the
+    working directory on the import path (python -m does); yolo-cb adds it for the user's callbacks= and modules=."""
+    script = Path(sys.executable).parent / "yolo-cb"
+    if not script.is_file():
+        pytest.skip("no yolo-cb console script beside this Python")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "cbs.py").write_text("def stop_at_target(trainer):\n    print('MYPKG CALLBACK RAN at epoch', trainer.epoch)\n")
+    status, out = cli("train", f"data={shapes_small_yaml}", "callbacks=on_fit_epoch_end=mypkg.cbs:stop_at_target", "model=yolox-nano.yaml",
+                      *(f"{k}={v}" for k, v in TINY.items()), "fraction=0.25", f"project={tmp_path / 'runs'}", "name=cb", cwd=tmp_path,
+                      script=True)
+    assert status == 0 and "MYPKG CALLBACK RAN at epoch 0" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_readme_torchrun_ends_without_an_mlflow_error(shapes_small_yaml, tmp_path):
+    """README's `torchrun --nproc_per_node 2 -m yolo_cb train data=... device=cpu`, MLflow on (its default): rank 1 ended
+    the run with "WARNING MLflow: AttributeError: 'NoneType' object has no attribute 'log_artifact'"."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.is_file():
+        pytest.skip("no torchrun beside this Python")
+    settings = {**TINY, "mlflow": True}
+    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "yolo_cb", "train", f"data={shapes_small_yaml}", "device=cpu",
+                           "model=yolox-nano.yaml", *(f"{k}={v}" for k, v in settings.items()), f"project={tmp_path / 'runs'}", "name=ddp"],
+                          capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "AttributeError" not in out and "WARNING MLflow" not in out, out[-3000:]
+    assert list((tmp_path / "runs" / "mlruns" / "artifacts").rglob("best.pt")), out[-3000:]  # rank 0 still sent its files
