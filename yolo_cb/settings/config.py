@@ -113,7 +113,7 @@ def read_whole(loaded: dict[str, Any], valid: dict[str, Any], path: str) -> dict
     `opset:` / `channels_last:` / `nms:` left empty, are left out with one info line naming them."""
     refused, left_out, nulls = split_cfg_keys(loaded, valid)
     if refused:
-        raise ConfigError(refused_keys_message(loaded, refused, valid, f"cfg={path}"))
+        raise ConfigError(refused_keys_message(loaded, refused, valid, path))
     parts = [f"{', '.join(left_out)} (Ultralytics settings yolo-cb does not have, each at Ultralytics' default)"] if left_out else []
     parts += [f"{', '.join(nulls)} (empty: yolo-cb's default)"] if nulls else []
     said = f"cfg={path}: left out, as asking for nothing: {'; '.join(parts)}"

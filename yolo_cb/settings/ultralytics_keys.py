@@ -50,9 +50,12 @@ def _same(value: object, default: object) -> bool:
     return isinstance(value, (int, float)) and value == default
 
 
-def refused_keys_message(loaded: dict, refused: list[str], valid: Iterable[str], where: str) -> str:
-    """One message for every refused key of a cfg= file, each with its reason."""
+def refused_keys_message(loaded: dict, refused: list[str], valid: Iterable[str], path: str) -> str:
+    """One message for every refused key of the cfg= file `path`, each with its reason."""
     valid = list(valid)
+    if len(refused) == 1 and refused[0] not in ULTRALYTICS_DEFAULTS:
+        return unknown_key_message(refused[0], valid, f" in {path}")
+    where = f"cfg={path}"
     reasons = []
     for key in refused:
         if key in ULTRALYTICS_DEFAULTS:
