@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "yolo_cb"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("yolo_cb.version", "yolo_cb.utils", "yolo_cb.errors"),  # small and boring, no other yolo_cb
     ("yolo_cb.callbacks.events", "yolo_cb.callbacks.order", "yolo_cb.callbacks.event_list", "yolo_cb.callbacks.signature"),  # event names; order; list view; what a callback must accept
-    ("yolo_cb.callbacks.dispatch",),  # the dispatcher
+    ("yolo_cb.callbacks.callback_error", "yolo_cb.callbacks.dispatch"),  # a callback's failure; the dispatcher
     ("yolo_cb.callbacks.registry", "yolo_cb.callbacks"),  # names -> callback classes; the package's public names
-    ("yolo_cb.nn", "yolo_cb.metrics"),  # networks, losses, box maths
+    ("yolo_cb.nn", "yolo_cb.metrics", "yolo_cb.confusion_table"),  # networks, losses, box maths; the confusion matrix as a table
     ("yolo_cb.data",),  # datasets, transforms, loaders, dataset YAMLs
     ("yolo_cb.settings",),  # the settings: parsed, typed, checked, resolved once; Ultralytics' keys we do not have
     ("yolo_cb.checkpoints",),  # our checkpoint format (typed, atomic, weights_only) and the official weights
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # registered name (assembly/catalog) and a run's set built from the settings (assembly/assemble)
     ("yolo_cb.training",),  # a run: its plan, its parts built, the step, resume, signals, DDP workers launched
     ("yolo_cb.tune", "yolo_cb.tune.ray_backend"),  # studies of trainings: Optuna's, or Ray Tune's (backend=ray)
-    ("yolo_cb.model_habits", "yolo_cb.model"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
+    ("yolo_cb.model_habits", "yolo_cb.model", "yolo_cb.engine"),  # Ultralytics' model attributes (device, ckpt_path, fuse, to); the YOLO facade
     ("yolo_cb.cli_info", "yolo_cb.cli"),  # `yolo-cb checks` / `copy-cfg`; the command line
     ("yolo_cb", "yolo_cb.__main__"),  # the package root: __version__ and a lazy YOLO
 )
@@ -42,7 +42,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "log", "files", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
     "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
-    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "dispatch", "registry", "record",
+    "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "engine", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
     "yolo_cb.nn.yolocb": ("assigner", "backbone", "attention_body", "head", "loss", "model"),
@@ -56,13 +56,14 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.prediction": ("model_trust", "torchscript_check", "model_metadata", "backend_base", "mobile_backends", "backend", "results", "sources",
                            "embed", "tracking",
                            "predictor"),
-    "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "validator"),
+    "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "val_txt", "validator"),
     "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "benchmark"),
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
                          "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
                              "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
     "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
+    "yolo_cb.engine": (),  # the old import paths: an import finder in its __init__, no modules
     "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),
 }
 MAX_MODULES_PER_PACKAGE = 15  # a folder past this is a drawer: split it by concern

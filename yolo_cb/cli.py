@@ -275,7 +275,7 @@ def run(argv: list[str]) -> object:
     if mode == "benchmark":
         from yolo_cb.export.benchmark import benchmark
 
-        return benchmark(args)
+        return benchmark(args, format=overrides.get("format"))  # format= as given (args.format holds the export default)
     if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
         return drain(model.run_predict(kwargs.pop("source", None), True, {**kwargs, "mode": mode}, save=True))
     if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
@@ -300,12 +300,12 @@ def user_error(error: BaseException) -> BaseException | None:
     User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
     FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback or a step of the loop
     (a full disk met while the saver writes)."""
+    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.dispatch"), "CallbackError", ())  # first: it also has the original's type
+    if callback_error and isinstance(error, callback_error):
+        return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')") if user_error(error.error) else None
     unsafe = getattr(sys.modules.get("yolo_cb.checkpoints.checkpoint"), "UnsafeCheckpointError", ())
     if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
         return error
-    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.dispatch"), "CallbackError", ())
-    if callback_error and isinstance(error, callback_error) and user_error(error.error) is not None:
-        return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')")
     return None
 
 

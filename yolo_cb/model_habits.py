@@ -56,11 +56,55 @@ class ModelHabits:
         first = next(module.parameters(), None)
         return first.device if first is not None else torch.device("cpu")
 
-    def fuse(self) -> None:
+    @property
+    def ckpt(self) -> dict:
+        """The checkpoint the model was loaded from, as the verified dict (model, ema, train_args, names, ...), as
+        Ultralytics' model.ckpt; {} for a YAML or an export (Ultralytics' too). Read once per source."""
+        path = self.ckpt_path
+        if path is None:
+            return {}
+        if getattr(self, "_ckpt", (None,))[0] != path:
+            from yolo_cb.checkpoints.checkpoint import load_checkpoint
+
+            self._ckpt = (path, load_checkpoint(path).to_dict())
+        return self._ckpt[1]
+
+    def parameters(self, recurse: bool = True):
+        """The PyTorch model's parameters (Ultralytics' Model is an nn.Module: model.parameters() is its model's)."""
+        return self._pytorch_module("parameters").parameters(recurse)
+
+    def reset_weights(self):
+        """Every layer's weights drawn afresh (each module's reset_parameters()) and trainable, as Ultralytics'
+        reset_weights(); returns the facade. The in-memory model: later modes run it, as after load()."""
+        module = self._pytorch_module("reset_weights")
+        for layer in module.modules():
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
+        for p in module.parameters():
+            p.requires_grad = True
+        self._loaded_from = "reset_weights()"
+        return self
+
+    def fuse(self):
         """Fold every BatchNorm into its convolution, in place (faster inference; training such a model is not possible),
-        as Ultralytics' model.fuse(). Needs a PyTorch model."""
+        as Ultralytics' model.fuse(); returns the facade. Needs a PyTorch model."""
         self._pytorch_module("fuse").fuse()
         self.predictor = None  # as Ultralytics: the next predict builds its model anew
+        return self
+
+    def info(self, detailed: bool = False, verbose: bool = True, imgsz: int = 640) -> tuple[int, int, int, float]:
+        """(layers, parameters, trainable parameters, GFLOPs at imgsz), as Ultralytics' model.info(); verbose logs the
+        layer table and the summary line, detailed=True a row per parameter tensor first."""
+        from yolo_cb.nn.summary import layer_table, log_summary, model_info, parameter_table
+        from yolo_cb.utils.log import setup_logging
+
+        module = self._pytorch_module("info")
+        if verbose:
+            setup_logging()
+            LOGGER.info(parameter_table(module) if detailed else layer_table(module))
+        info = log_summary(module, imgsz) if verbose else model_info(module, imgsz)
+        gradients = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        return info["layers"], info["params"], gradients, info["gflops"]
 
     def to(self, *args, **kwargs):
         """Move the loaded PyTorch model (`model.to("cpu")`, `model.to(torch.device(...))`); returns the facade, as

@@ -33,6 +33,14 @@ def normalise_cache_mode(cache) -> str | None:
     raise ValueError(f"cache={cache!r} is not one of false, ram, disk")
 
 
+def keep_classes(labels: list[dict], classes) -> None:
+    """Drop, in place, every box whose class is not in `classes` (an image left with none trains as background)."""
+    wanted = np.asarray([classes] if isinstance(classes, int) else list(classes), dtype=np.int64)
+    for label in labels:
+        keep = np.isin(label["cls"].reshape(-1).astype(np.int64), wanted)
+        label["cls"], label["bboxes"] = label["cls"][keep], label["bboxes"][keep]
+
+
 class YOLODataset(torch.utils.data.Dataset):
     """Detection dataset over ``img_path`` (folder, .txt list, or a list of those).
 
@@ -66,6 +74,8 @@ class YOLODataset(torch.utils.data.Dataset):
         self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches, datasets_dir=datasets_dir)
         if not self.labels:
             raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
+        if getattr(hyp, "classes", None) is not None:  # classes=[...]: only those classes' boxes, as Ultralytics (images stay)
+            keep_classes(self.labels, hyp.classes)
         if getattr(hyp, "single_cls", False):  # every class is class 0, 'item' (checked above against the YAML's names)
             for label in self.labels:
                 label["cls"] = np.zeros_like(label["cls"])

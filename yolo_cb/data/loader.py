@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from yolo_cb.data.batch import ultralytics_keys
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.dataset_yaml import resolve_datasets_dir
 
@@ -20,7 +21,7 @@ def collate_fn(samples: list[dict]) -> dict:
     """Stack samples into a batch.
 
     ``img`` uint8 (B, 3, H, W) RGB; ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]``
-    in pixels of ``img``; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))]
+    in pixels of ``img``, and Ultralytics' ``batch_idx``, ``cls``, ``bboxes`` (normalised) from it; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))]
     mapping ``img`` back to the original image with ``(xy - pad) / ratio``.
     """
     # copied with numpy: torch.stack on uint8 goes through OpenMP, which crawls on a busy 2-core machine
@@ -36,9 +37,11 @@ def collate_fn(samples: list[dict]) -> dict:
         buffer[i] = s["img"].numpy()
         n = len(s["cls"])
         rows.append(np.concatenate([np.full((n, 1), i), s["cls"].numpy().reshape(n, 1), s["bboxes"].numpy().reshape(n, 4)], 1))
+    targets = torch.from_numpy(np.concatenate(rows).astype(np.float32))
     return {
         "img": img,
-        "targets": torch.from_numpy(np.concatenate(rows).astype(np.float32)),
+        "targets": targets,
+        **ultralytics_keys(targets, shape[1], shape[2]),  # batch_idx, cls, bboxes: data/batch.py
         "im_files": [s["im_file"] for s in samples],
         "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
         "ratio_pad": [s["ratio_pad"] for s in samples],

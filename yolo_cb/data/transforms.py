@@ -118,26 +118,30 @@ class Mosaic:
 
 
 class RandomAffine:
-    """Random rotation/scale/shear/translation into an s x s output, with one ``cv2.warpAffine``.
+    """Random rotation/scale/shear/translation (and perspective) into an s x s output, with one ``cv2.warpAffine``
+    (``cv2.warpPerspective`` when ``perspective`` > 0).
 
     The input (a mosaic canvas or a single image whose long side is s) is centred, transformed
     about its centre, and placed at the output centre +/- ``translate``. Boxes are mapped by
-    their 4 corners, clipped, and filtered with :func:`box_candidates`. Perspective is off.
+    their 4 corners, clipped, and filtered with :func:`box_candidates`. ``perspective``: the
+    +/- range of the two projective terms, as Ultralytics' (0 to 0.001).
     """
 
-    def __init__(self, imgsz: int, degrees=0.0, translate=0.1, scale=0.5, shear=0.0):
+    def __init__(self, imgsz: int, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0):
         self.imgsz = imgsz
-        self.degrees, self.translate, self.scale, self.shear = degrees, translate, scale, shear
+        self.degrees, self.translate, self.scale, self.shear, self.perspective = degrees, translate, scale, shear, perspective
         self.enabled = True
 
     def close(self):
         self.enabled = False
 
     def matrix(self, h: int, w: int) -> tuple[np.ndarray, float]:
-        """The 3x3 affine matrix for an h x w input, and its scale gain."""
+        """The 3x3 matrix (affine unless perspective > 0) for an h x w input, and its scale gain."""
         s = self.imgsz
         centre = np.eye(3)
         centre[:2, 2] = -w / 2, -h / 2
+        if self.perspective:  # drawn only when on: a run without it keeps its random sequence
+            centre = np.array([[1, 0, 0], [0, 1, 0], np.random.uniform(-self.perspective, self.perspective, 2).tolist() + [1]]) @ centre
         angle = np.random.uniform(-self.degrees, self.degrees)
         gain = np.random.uniform(1 - self.scale, 1 + self.scale)
         rotate = np.eye(3)
@@ -156,13 +160,17 @@ class RandomAffine:
         s = self.imgsz
         img = sample["img"]
         m, gain = self.matrix(*img.shape[:2])
-        img = cv2.warpAffine(img, m[:2], dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+        if self.perspective:
+            img = cv2.warpPerspective(img, m, dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+        else:
+            img = cv2.warpAffine(img, m[:2], dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
         boxes = sample["bboxes"]
         n = len(boxes)
         if n:
             corners = np.ones((n * 4, 3), dtype=np.float32)
             corners[:, :2] = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)  # x1y1 x2y2 x1y2 x2y1
-            xy = (corners @ m[:2].T.astype(np.float32)).reshape(n, 8)
+            mapped = corners @ m.T.astype(np.float32)
+            xy = (mapped[:, :2] / mapped[:, 2:3] if self.perspective else mapped[:, :2]).reshape(n, 8)
             xs, ys = xy[:, 0::2], xy[:, 1::2]
             boxes = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1).clip(0, s).astype(np.float32)
         areas = sample["areas"] * gain * gain
@@ -271,7 +279,8 @@ def build_transforms(dataset, imgsz: int, hyp, augment: bool, rect: bool = False
         return [LetterBox(imgsz, scaleup=False)]
     geometric = not rect
     mosaic = Mosaic(dataset, imgsz, p=float(hyp.mosaic) if geometric else 0.0)
-    affine = RandomAffine(imgsz, float(hyp.degrees), float(hyp.translate), float(hyp.scale), float(hyp.shear))
+    affine = RandomAffine(imgsz, float(hyp.degrees), float(hyp.translate), float(hyp.scale), float(hyp.shear),
+                          float(getattr(hyp, "perspective", 0.0)))
     if not geometric:
         affine.close()
     mixup = MixUp(dataset, [mosaic, affine], p=float(hyp.mixup) if geometric else 0.0)

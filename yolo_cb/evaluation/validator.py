@@ -2,11 +2,10 @@
 
     metrics = Validator(args)(model="best.pt")          # standalone: builds the loader from args.data / args.split
     metrics = trainer.validator(trainer=trainer)        # in training: EMA model, trainer.test_loader, val losses
-
 Events: on_val_start, on_val_batch_start, on_val_batch_end, on_val_end (callbacks get the validator).
 During a batch `validator.batch` is the loader's batch and `validator.preds` its post-processed detections
-([x1, y1, x2, y2, score, cls] in letterboxed-input pixels). Matching is done in original-image pixels. classes= keeps
-the predictions and labels of those classes only, so the metrics are theirs (as Ultralytics' val(classes=...)).
+([x1, y1, x2, y2, score, cls] in letterboxed-input pixels), matched in original-image pixels. classes= keeps the predictions
+and labels of those classes only (as Ultralytics' val(classes=...)); save_txt=True: evaluation/val_txt.py.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_load
 from yolo_cb.data.resolve import check_data, missing_split_error, single_class
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.errors import ConfigError
-from yolo_cb.evaluation import coco_json, per_class
+from yolo_cb.evaluation import coco_json, per_class, val_txt
 from yolo_cb.evaluation.val_metrics import DetectionMetrics, ImageStats, metrics_so_far
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
@@ -356,6 +355,8 @@ class Validator:
         if self.args.save_json and final and self.save_dir is not None:
             self.save_json()
             self.eval_json()
+        if self.args.save_txt and final and self.save_dir is not None:  # labels/<stem>.txt, as Ultralytics
+            val_txt.write(self.stats, Path(self.save_dir) / "labels", bool(self.args.save_conf))
         if not self.training and self.save_dir is not None:
             LOGGER.info(f"Results saved to {self.save_dir}")
 

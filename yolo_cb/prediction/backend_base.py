@@ -60,10 +60,14 @@ class Backend:
         if self.imgsz is not None and tuple(x.shape[2:]) != self.imgsz:
             raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed image size {self.imgsz} (h, w), "
                              f"got input {tuple(x.shape[2:])}; letterbox to {self.imgsz} or re-export with dynamic=True")
-        if self.batch is not None and x.shape[0] != self.batch:
-            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
-                             f"re-export with dynamic=True or batch={x.shape[0]}")
+        n = x.shape[0]
+        if self.batch is not None and n > self.batch:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {n}; "
+                             f"re-export with dynamic=True or batch={n}")
+        if self.batch is not None and n < self.batch:  # the last, shorter batch of a folder: padded with blank images, cut after
+            x = torch.cat((x, x.new_zeros((self.batch - n, *x.shape[1:]))))
         y = self.forward(x)
+        y = y[:n] if isinstance(y, torch.Tensor) and n < len(x) else y
         if self.kind != "pytorch":  # a file we did not write: it must compute detections, not anything of any shape
             self.check_detector(None, tuple(y.shape) if isinstance(y, torch.Tensor) else f"a {type(y).__name__}")
         return y

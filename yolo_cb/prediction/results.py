@@ -142,6 +142,10 @@ class Results:
         """The same image with `tracked` (n, 7) [x1, y1, x2, y2, id, conf, cls] boxes (track mode), as a tensor."""
         return self._with_boxes(Boxes(torch.as_tensor(tracked, dtype=torch.float32).reshape(-1, 7), self.orig_shape))
 
+    def new(self) -> Results:
+        """The same image, path, names, speed, frame and save_dir with no detections, as Ultralytics' Results.new()."""
+        return Results(self.orig_img, self.path, self.names, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
+
     def __len__(self) -> int:
         return len(self.boxes)
 

@@ -120,15 +120,24 @@ def _expand_path(text: str, reading: tuple[Path, ...] = ()) -> list[str] | Itera
         matches = sorted(glob.glob(text))
         if not matches:
             raise FileNotFoundError(f"source glob '{text}' matched no files")
-        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in MEDIA_SUFFIXES]
+        return _media_or_refuse([Path(m) for m in matches], text)
     if path.is_dir():
-        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
+        return _media_or_refuse(sorted(path.iterdir()), text)
     if path.is_file() and path.suffix.lower() == ".txt":
         return _expand_list(path, reading)
     if path.is_file():
         return [str(path)]
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob, .txt list, numpy or PIL "
                             f"image, or a BCHW torch.Tensor)")
+
+
+def _media_or_refuse(paths: list[Path], text: str) -> list[str]:
+    """The image and video files among `paths` of a folder or glob source; none is an error, as in Ultralytics."""
+    media = [str(p) for p in paths if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
+    if not media:
+        raise FileNotFoundError(f"No images or videos found in {text}: source= needs image or video files "
+                                f"({', '.join(sorted(MEDIA_SUFFIXES))})")
+    return media
 
 
 def _expand_list(path: Path, reading: tuple[Path, ...]) -> list[str]:

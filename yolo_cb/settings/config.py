@@ -18,7 +18,7 @@ from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
 from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
-from yolo_cb.settings.ultralytics_keys import unknown_key_message
+from yolo_cb.settings.ultralytics_keys import refused_keys_message, split_cfg_keys, unknown_key_message
 from yolo_cb.settings.user import load_user_settings
 from yolo_cb.settings.values import (  # noqa: F401
     ALIASES,
@@ -33,6 +33,7 @@ from yolo_cb.settings.values import (  # noqa: F401
     resolve_close_mosaic,
 )
 from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.log import LOGGER, setup_logging
 from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
@@ -104,8 +105,27 @@ def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict
     loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
-    check_keys(loaded, defaults or load_defaults(), source=str(path))
-    return loaded
+    return read_whole(loaded, defaults or load_defaults(), str(path))
+
+
+def read_whole(loaded: dict[str, Any], valid: dict[str, Any], path: str) -> dict[str, Any]:
+    """A cfg= file's settings read whole (Ultralytics' own default.yaml, as `yolo copy-cfg` writes it, included): every key
+    yolo-cb cannot use in one ConfigError; Ultralytics settings yolo-cb lacks that hold Ultralytics' default, and
+    `opset:` / `channels_last:` / `nms:` left empty, are left out with one info line naming them."""
+    refused, left_out, nulls = split_cfg_keys(loaded, valid)
+    if refused:
+        raise ConfigError(refused_keys_message(loaded, refused, valid, path))
+    parts = [f"{', '.join(left_out)} (Ultralytics settings yolo-cb does not have, each at Ultralytics' default)"] if left_out else []
+    parts += [f"{', '.join(nulls)} (empty: yolo-cb's default)"] if nulls else []
+    said = f"cfg={path}: left out, as asking for nothing: {'; '.join(parts)}"
+    if parts and said not in _SAID:  # once per process: the settings of one command are resolved more than once
+        _SAID.add(said)
+        setup_logging()
+        LOGGER.info(said)
+    return {k: v for k, v in loaded.items() if k not in left_out and k not in nulls}
+
+
+_SAID: set[str] = set()
 
 
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:

@@ -49,9 +49,9 @@ class Setting:
     """One setting: `kind` says how a value is typed and checked (see the module docstring)."""
 
     kind: str
-    low: float | None = None  # int / float kinds: inclusive bounds; None = unbounded
+    low: float | None = None  # int / float kinds: inclusive bounds (floats: high only); None = unbounded
     high: float | None = None
-    multiple: int | None = None  # int: the value must be a multiple of this (imgsz: the largest stride)
+    multiple: int | None = None  # int: a multiple of this, rounded up with a warning (imgsz: the largest stride)
     low_open: bool = False  # fraction: 0 is excluded
     choices: tuple = ()  # enum: the accepted values (strings match case-insensitively)
     aliases: tuple = ()  # enum: (given, meant) pairs matched by identity (cache=True means ram)
@@ -157,6 +157,7 @@ class Settings:
     translate: Annotated[float, _k("fraction")]
     scale: Annotated[float, _k("fraction")]
     shear: Annotated[float, _k("nonneg")]
+    perspective: Annotated[float, _k("nonneg", high=0.001)]
     flipud: Annotated[float, _k("fraction")]
     fliplr: Annotated[float, _k("fraction")]
     mosaic: Annotated[float, _k("fraction")]

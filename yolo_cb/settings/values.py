@@ -5,16 +5,17 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from typing import Any
 
 import yaml
 
+from yolo_cb.callbacks.registry import import_user_module
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings import lr_settings
 from yolo_cb.settings.schema import RULES, Setting, schema, settings_of_kind, usable_cpus
+from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.yaml_safe import yaml_loads
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
@@ -122,10 +123,24 @@ def _int(key: str, rule: Setting, value: Any, default: Any) -> int | None:
     low, high = rule.low, rule.high
     if (low is not None and value < low) or (high is not None and value > high):
         raise _bad(key, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
-    if rule.multiple and value % rule.multiple:
-        step = rule.multiple
-        raise _bad(key, value, f"a multiple of {step} (the model's largest stride), e.g. {max(step, round(value / step) * step)}")
+    if rule.multiple and value % rule.multiple:  # as Ultralytics: rounded up to the stride, with a warning
+        rounded = -(-value // rule.multiple) * rule.multiple
+        if high is not None and rounded > high:
+            raise _bad(key, value, f"a multiple of {rule.multiple} (the model's largest stride) <= {high}")
+        warn_once(f"WARNING {key}={value} must be a multiple of {rule.multiple} (the model's largest stride): {rounded} is used "
+                  f"(rounded up, as Ultralytics does)")
+        value = rounded
     return value
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log a warning once per process (the settings of one command are resolved more than once)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        LOGGER.warning(message)
 
 
 def _procs(key: str, rule: Setting, value: Any, default: Any) -> int | None:
@@ -151,8 +166,8 @@ def _float(key: str, rule: Setting, value: Any, default: Any) -> float | None:
         raise _bad(key, value, "a number")
     value = float(value)
     out_of_range, expected = FLOAT_CHECKS[rule.kind]
-    if out_of_range(value):
-        raise _bad(key, value, expected)
+    if out_of_range(value) or (rule.high is not None and value > rule.high):
+        raise _bad(key, value, expected + (f" and <= {rule.high}" if rule.high is not None else ""))
     if rule.low_open and value == 0.0:
         raise _bad(key, value, "a fraction in (0, 1]")
     return value
@@ -187,7 +202,7 @@ def _modules(key: str, rule: Setting, value: Any, default: Any) -> list[str] | N
         raise _bad(key, value, "module names, comma separated or a list (e.g. mypkg.callbacks)")
     for name in names:
         try:
-            importlib.import_module(name)
+            import_user_module(name)
         except Exception as error:  # the user's module: named, with its error's first line
             raise ConfigError(f"invalid value for '{key}': cannot import module '{name}' ({type(error).__name__}: "
                               f"{(str(error).splitlines() or [''])[0][:200]}); give an importable module name") from None

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from yolo_cb.data import batch as batch_keys
 from yolo_cb.data.batch import batch_shape
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.training.run_state import Clock, RunState
@@ -124,7 +125,9 @@ class BatchStep:
     def run(self, epoch: int, batch_i: int, num_batches: int) -> None:
         """Train on self.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
         bound = self.run_with
+        before = batch_keys.snapshot(self.batch)
         bound.fire("on_train_batch_start")
+        batch_keys.apply_edits(self.batch, before)  # a callback's edit of trainer.batch["cls"] / ["bboxes"] / ["batch_idx"] trains
         clock, start = bound.clock, perf_counter()
         args, device = bound.args, bound.device
         ni = batch_i + num_batches * epoch

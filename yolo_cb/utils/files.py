@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -166,7 +165,8 @@ def create_new_file(folder: Path, stem: str, suffix: str) -> tuple[int, Path]:
 
 
 def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Path:
-    """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder.
+    """runs/detect/train -> runs/detect/train-2, train-3, ... unless exist_ok; creates the folder. As Ultralytics 8.4, the
+    number is appended to the name as given (name=t10 twice: t10, then t10-2).
 
     Claiming a name is its mkdir (without exist_ok): of several processes starting at once, each gets its own folder."""
     path = Path(path)
@@ -184,9 +184,12 @@ def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Pa
             candidate = _next_free(path, after=candidate)
 
 
+RUN_NUMBER_SEPARATOR = "-"  # train, train-2, train-3: Ultralytics 8.4's separator (before 8.4: none, train2)
+
+
 def _next_free(path: Path, after: Path | None = None) -> Path:
-    """The first name path.stem2, stem3, ... (after `after`, if given) that does not exist yet."""
-    stem = re.sub(r"\d+$", "", path.name) or path.name
+    """The first name <name>-2, <name>-3, ... (after `after`, if given) that does not exist yet."""
+    stem = path.name + RUN_NUMBER_SEPARATOR
     n = 2
     if after is not None and after != path:
         n = int(after.name[len(stem):]) + 1
@@ -222,7 +225,7 @@ def _is_file_in_the_way(path: Path) -> bool:
 
 def run_dir(args, mode: str) -> Path:
     """The run directory for `mode` from project=/name=/exist_ok= (<project or runs/detect>/<name or mode>), created:
-    runs/detect/train, then train2, train3, ... as Ultralytics names them.
+    runs/detect/train, then train-2, train-3, ... as Ultralytics 8.4 names them.
 
     A project= that cannot hold it (a file, read-only, full) raises WriteError naming project= and the reason."""
     project = Path(args.project) if args.project else default_project(args)
