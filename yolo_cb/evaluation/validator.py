@@ -125,7 +125,7 @@ class Validator:
         if isinstance(model, nn.Module):
             self._modes = train_flags(model)
             model.eval()
-        backend = load_backend(model, device=args.device, fp16=bool(args.half))
+        backend = load_backend(model, device=args.device, fp16=bool(args.half), imgsz=args.imgsz)
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:

@@ -20,9 +20,9 @@ from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
 from yolo_cb.errors import ConfigError
-from yolo_cb.prediction import torchscript_check
+from yolo_cb.prediction import probe, torchscript_check
 from yolo_cb.prediction.backend_base import DEFAULT_STRIDE, Backend, max_stride  # noqa: F401 - public here too
-from yolo_cb.prediction.mobile_backends import mobile_backend
+from yolo_cb.prediction.mobile_backends import is_coreml, mobile_backend
 from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
     bad_model_file,
     checked_metadata,
@@ -32,6 +32,7 @@ from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
     refuse_non_detector,
     unusable_onnx,
 )
+from yolo_cb.prediction.onnx_session import onnx_session
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.signal_stack import kept_signal_stack
@@ -83,19 +84,7 @@ class ONNXBackend(Backend):
         elif device.type == "cuda":
             LOGGER.warning(f"onnxruntime has no CUDAExecutionProvider; running {path} on CPU")
             device = torch.device("cpu")
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = int(threads)
-        # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        try:
-            self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception:  # onnxruntime's own Fail / InvalidProtobuf / InvalidGraph: a user error only when the file is at fault
-            reason = unusable_onnx(Path(path))
-            if reason is None:
-                raise
-            raise bad_model_file(Path(path), "ONNX", reason) from None
+        self.session = onnx_session(path, providers, threads)
         meta = checked_metadata(self.session.get_modelmeta().custom_metadata_map, Path(path), self.label)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
@@ -211,11 +200,13 @@ def unreadable_torchscript(path: Path, error: RuntimeError) -> str:
     return f"torch.jit.load cannot read it ({str(error).strip().splitlines()[0][:200]})"
 
 
-def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None) -> Backend:
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None, imgsz: Any = None) -> Backend:
     """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file, a `.torchscript` file or an OpenVINO folder / .xml.
 
     fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
     threads: intra-op threads of ONNX Runtime / OpenVINO (None: the runtime's default; PyTorch: torch.set_num_threads).
+    imgsz: the input size it will run at (predict's / val's), for the probe of a model file: every file but our `.pt` is
+    loaded and run once in a bounded child process before it is loaded here (prediction/probe.py).
     """
     dev = select_device(device)
     if fp16 and dev.type != "cuda":
@@ -226,6 +217,13 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if isinstance(weights, nn.Module):
         return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
     path = Path(str(weights))
+    if probe.probed(path) and not is_coreml(path):
+        probe.check_model_file(path, imgsz, threads)
+    return open_model_file(path, dev, fp16, threads)
+
+
+def open_model_file(path: Path, dev: torch.device, fp16: bool, threads: int | None) -> Backend:
+    """The Backend of the model file at `path`, by its kind (no probe: load_backend and the probe's child call this)."""
     mobile = mobile_backend(path, threads) if path.exists() else None  # ncnn, MNN, LiteRT, ExecuTorch (CoreML: refused)
     if mobile is not None:
         return mobile
@@ -233,7 +231,7 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
         if path.exists():
             return OpenVINOBackend(str(path), device=dev, fp16=fp16, threads=threads)
     if not path.is_file():
-        raise FileNotFoundError(f"model weights '{weights}' not found")
+        raise FileNotFoundError(f"model weights '{path}' not found")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         return ONNXBackend(str(path), device=dev, fp16=fp16, threads=threads)
