@@ -297,6 +297,31 @@ def test_sigterm_ends_a_predict_stuck_inside_mnn_which_holds_the_gil(tmp_path):
     assert seconds < SIGTERM_BOUND_S and code in (143, -signal.SIGTERM), (seconds, code, (tmp_path / "out.txt").read_text()[-2000:])
 
 
+LIBRARY = """
+import os, signal, time
+from yolo_cb.utils.signal_deadline import BASE_GRACE_S, signal_deadline
+try:
+    with signal_deadline():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+time.sleep(BASE_GRACE_S + 3)  # past the grace: the caller that caught the interrupt goes on
+signal.signal(signal.SIGTERM, lambda signum, frame: print("the user's handler", flush=True))
+with signal_deadline():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(BASE_GRACE_S + 3)  # a handler of the user's that does not end the process is left to decide
+print("alive", flush=True)
+"""
+
+
+def test_the_deadline_leaves_a_caller_that_goes_on_alone(tmp_path):
+    """From Python (a notebook's Ctrl-C), the block's end stops the watch; a user's own SIGTERM handler is obeyed."""
+    done = subprocess.run([sys.executable, "-c", LIBRARY], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120, preexec_fn=capped_child)
+    assert done.returncode == 0 and done.stdout.split() == ["interrupted", "the", "user's", "handler", "alive"], (done.stdout, done.stderr)
+
+
 def test_a_probe_that_does_not_finish_refuses_the_file(tmp_path):
     from yolo_cb.prediction.probe import check_model_file
 

@@ -22,7 +22,7 @@ from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
 from yolo_cb.errors import ConfigError
 from yolo_cb.prediction import probe, torchscript_check
 from yolo_cb.prediction.backend_base import DEFAULT_STRIDE, Backend, max_stride  # noqa: F401 - public here too
-from yolo_cb.prediction.mobile_backends import is_coreml, mobile_backend
+from yolo_cb.prediction.mobile_backends import mobile_backend, mobile_format, runtime
 from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
     bad_model_file,
     checked_metadata,
@@ -217,7 +217,10 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if isinstance(weights, nn.Module):
         return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
     path = Path(str(weights))
-    if probe.probed(path) and not is_coreml(path):
+    fmt = mobile_format(path) if path.exists() else None  # CoreML: refused here
+    if fmt is not None:
+        runtime(fmt, path)  # installed here (or one line naming the extra), before the probe
+    if probe.probed(path):
         probe.check_model_file(path, imgsz, threads)
     return open_model_file(path, dev, fp16, threads)
 

@@ -194,15 +194,21 @@ def is_coreml(path: Path) -> bool:
     return path.suffix.lower() == ".mlpackage" or path.parent.suffix.lower() == ".mlpackage"
 
 
-def mobile_backend(path: Path, threads: int | None = None) -> Backend | None:
-    """The backend of a mobile export at `path` (see the module docstring), or None when `path` is none of them."""
-    suffix = path.suffix.lower()
+def mobile_format(path: Path) -> str | None:
+    """The format ('ncnn', 'mnn', 'tflite', 'executorch') of a mobile export at `path`, or None when it is none of them;
+    a CoreML package is refused (it runs on Apple platforms only)."""
     if is_coreml(path):
         raise coreml_refusal(path)
     if is_ncnn_folder(path):
-        return NCNNBackend(str(path), threads=threads)
-    kinds = {"mnn": MNNBackend, "tflite": LiteRTBackend, "executorch": ExecuTorchBackend}
-    fmt = MOBILE_SUFFIXES.get(suffix)
-    if fmt is None or not path.is_file():
+        return "ncnn"
+    fmt = MOBILE_SUFFIXES.get(path.suffix.lower())
+    return fmt if fmt is not None and path.is_file() else None
+
+
+def mobile_backend(path: Path, threads: int | None = None) -> Backend | None:
+    """The backend of a mobile export at `path` (see the module docstring), or None when `path` is none of them."""
+    fmt = mobile_format(path)
+    if fmt is None:
         return None
+    kinds = {"ncnn": NCNNBackend, "mnn": MNNBackend, "tflite": LiteRTBackend, "executorch": ExecuTorchBackend}
     return kinds[fmt](str(path), threads=threads)

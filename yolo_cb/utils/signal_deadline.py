@@ -90,7 +90,9 @@ class _Watch:
         if threading.current_thread() is not threading.main_thread():
             return False
         self.closed.set()
-        signal.set_wakeup_fd(self.previous_fd)
+        current = signal.set_wakeup_fd(self.previous_fd)
+        if current != self.write_fd:  # another library replaced ours meanwhile: theirs stays
+            signal.set_wakeup_fd(current)
         os.close(self.write_fd)
         return True
 
