@@ -141,7 +141,10 @@ def verdict(path: Path, size: tuple[int, int], bound: int | None, seconds: float
     if code == -signal.SIGALRM:
         return errors.CheckpointError, refusal(path, size, f"it did not finish in {seconds:.0f} s")
     within = f" within {gib(bound)} GiB of memory" if bound is not None else ""
-    what = f"crashed on it ({signal_name(-code)})" if code < 0 else f"ended with status {code} on it and no report"
+    if code == -signal.SIGKILL:  # not ours: the kernel's out-of-memory killer (a cgroup's limit), or a user's kill -9
+        what = "was killed on it (SIGKILL: out of memory?)"
+    else:
+        what = f"crashed on it ({signal_name(-code)})" if code < 0 else f"ended with status {code} on it and no report"
     return errors.CheckpointError, refusal(path, size, f"{runtime} {what}{within}")
 
 
