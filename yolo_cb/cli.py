@@ -19,6 +19,7 @@ from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_mess
 from yolo_cb.settings.user import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import printable, setup_logging
 from yolo_cb.utils.paths import DEFAULT_MODEL
+from yolo_cb.utils.signal_stack import signal_deadline
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
@@ -312,7 +313,8 @@ def user_error(error: BaseException) -> BaseException | None:
 def entrypoint(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        run(argv)
+        with signal_deadline(past_block=True):  # after Ctrl-C / SIGTERM the process ends within seconds, stuck or not
+            run(argv)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:  # e.g. `yolo-cb cfg | head`

@@ -125,7 +125,7 @@ class Validator:
         if isinstance(model, nn.Module):
             self._modes = train_flags(model)
             model.eval()
-        backend = load_backend(model, device=args.device, fp16=bool(args.half), trust=bool(args.trust))
+        backend = load_backend(model, device=args.device, fp16=bool(args.half), trust=bool(args.trust), imgsz=args.imgsz)
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
@@ -149,8 +149,7 @@ class Validator:
         self.data = check_data(args.data, args.datasets_dir)
         label_names = self.data["names"]  # single_cls: labels are checked against the YAML's classes, then made 'item'
         self.data = single_class(self.data) if args.single_cls else self.data
-        split = args.split or "val"
-        yaml_file = self.data["yaml_file"]
+        split, yaml_file = args.split or "val", self.data["yaml_file"]
         self.names = {int(k): str(v) for k, v in self.data["names"].items()}
         paths = self.data.get(split)
         if not paths:

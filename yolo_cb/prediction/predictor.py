@@ -36,6 +36,7 @@ from yolo_cb.prediction.tracking import Tracks, tracks_for
 from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils.files import atomic_write_bytes, create_temp, own_folder, run_dir
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.signal_stack import beat, ends_process, signal_deadline
 
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
 PREDICT_BATCH = 1  # images per model call when batch= is not given (Ultralytics' predict default), not training's batch
@@ -74,6 +75,7 @@ def term_as_exit() -> Any:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
+    @ends_process
     def handler(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
@@ -120,7 +122,8 @@ class Predictor:
         if model is None:
             raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
         if self.backend is None or model is not self._model_source:
-            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half), trust=bool(self.args.trust))
+            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half), trust=bool(self.args.trust),
+                                                     imgsz=self.args.imgsz)
             self._model_source = model
             from torchvision.ops import batched_nms  # noqa: F401 - NMS's kernel: its import (seconds) is set-up, not a frame's postprocess
         size = self.args.imgsz
@@ -167,9 +170,11 @@ class Predictor:
         self.run_callbacks("on_predict_start")
         previous_term = term_as_exit()
         try:
-            for batch in batches(iter_frames(items, self.args.vid_stride), size):
-                self.dataset.at(batch[-1])
-                yield from self._embed_batch(batch, backend) if self.args.embed else self._predict_batch(batch, backend, count)
+            with signal_deadline():  # a model call stuck in C++ after a signal: the process still ends (utils/signal_stack.py)
+                for batch in batches(iter_frames(items, self.args.vid_stride), size):
+                    self.dataset.at(batch[-1])
+                    yield from self._embed_batch(batch, backend) if self.args.embed else self._predict_batch(batch, backend, count)
+                    beat()
         finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
             self._finish_videos()
             if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
