@@ -240,6 +240,9 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if fmt is not None:
         runtime(fmt, path)  # installed here (or one line naming the extra), before the probe
     if path.suffix.lower() in TORCHSCRIPT_SUFFIXES and path.is_file():  # refused here, before the probe's child loads it
+        reason = not_torchscript(path)  # a renamed checkpoint, an empty file: said as such first
+        if reason:
+            raise bad_model_file(path, TorchScriptBackend.label, reason)
         model_trust.loadable_bytes(path, TorchScriptBackend.label, trust)
     if probe.probed(path):
         probe.check_model_file(path, imgsz, threads, trust)
