@@ -53,7 +53,8 @@ class YOLODataset(torch.utils.data.Dataset):
         self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.batch_size, self.stride, self.prefix = int(batch_size), int(stride), prefix
-        self.mosaic_closed = False
+        self.mosaic_closed = False  # the final no-augmentation stage is on (close_mosaic)
+        self.partners: np.ndarray | None = None  # while a loader task is made: the indices its mosaic partners come from
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction={fraction} must be in (0, 1]")
         im_files = list_image_files(img_path, prefix)
@@ -217,6 +218,30 @@ class YOLODataset(torch.utils.data.Dataset):
         return sample
 
     def __getitem__(self, i: int) -> dict:
+        """Sample i, augmented with numpy's global RNG as it stands; ``img`` a contiguous (3, H, W) tensor."""
+        sample = self._make(i)
+        sample["img"] = sample["img"].contiguous()
+        return sample
+
+    def loader_item(self, i: int, partners: np.ndarray | None, closed: bool) -> dict:
+        """Sample i as a loader task asks for it (numpy's RNG already seeded for it): mosaic / mixup partners drawn from
+        `partners` (None: any image), the final stage on when `closed`. ``img`` is a (3, H, W) view of an (H, W, 3)
+        array: the channels_last layout, which collate copies as it is."""
+        if closed and not self.mosaic_closed:
+            self.close_mosaic()  # a worker's copy of the dataset: the stage switch comes with the task
+        self.partners = partners
+        try:
+            return self._make(i)
+        finally:
+            self.partners = None
+
+    def draw_partners(self, n: int) -> np.ndarray:
+        """`n` dataset indices for mosaic / mixup: from the current task's pool, else from every image."""
+        if self.partners is None:
+            return np.random.randint(0, len(self), n)
+        return self.partners[np.random.randint(0, len(self.partners), n)]
+
+    def _make(self, i: int) -> dict:
         sample = self.get_image_and_label(i)
         for t in self.transforms:
             sample = t(sample)
@@ -224,12 +249,12 @@ class YOLODataset(torch.utils.data.Dataset):
 
     @staticmethod
     def format(sample: dict) -> dict:
-        """To the batchable form: RGB CHW uint8 tensor; boxes as pixel cx cy w h."""
-        img = np.ascontiguousarray(sample["img"][..., ::-1].transpose(2, 0, 1))
+        """To the batchable form: RGB uint8 tensor (3, H, W) over an (H, W, 3) array; boxes as pixel cx cy w h."""
+        img = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2RGB)
         b = sample["bboxes"].reshape(-1, 4)
         xywh = np.stack([(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]], 1)
         return {
-            "img": torch.from_numpy(img), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
+            "img": torch.from_numpy(img).permute(2, 0, 1), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
             "bboxes": torch.from_numpy(xywh.astype(np.float32)), "im_file": sample["im_file"],
             "ori_shape": tuple(sample["ori_shape"]), "ratio_pad": sample["ratio_pad"], "mosaic": bool(sample["mosaic"]),
         }

@@ -1,10 +1,12 @@
-"""Batching and data loaders: seeded workers, DDP sampling, and a mosaic switch that reaches the workers."""
+"""Batching and data loaders: workers that live through the run, per-sample seeds, DDP sampling, the mosaic switch."""
 
 from __future__ import annotations
 
 import logging
 import os
 import random
+from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
@@ -12,22 +14,25 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.resolve import resolve_datasets_dir
+from yolo_cb.data.stream import EpochStream, TaskDataset
 
 LOGGER = logging.getLogger("yolo_cb")
 
 
-def collate_fn(samples: list[dict]) -> dict:
+def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
     """Stack samples into a batch.
 
-    ``img`` uint8 (B, 3, H, W) RGB; ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]``
-    in pixels of ``img``; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))]
-    mapping ``img`` back to the original image with ``(xy - pad) / ratio``.
+    ``img`` uint8 (B, 3, H, W) RGB (``channels_last``: in that memory format, which a sample's image already has, so it
+    is one plain copy); ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]`` in pixels of ``img``;
+    ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))] mapping ``img`` back to the
+    original image with ``(xy - pad) / ratio``.
     """
     # copied with numpy: torch.stack on uint8 goes through OpenMP, which crawls on a busy 2-core machine
-    shape = tuple(samples[0]["img"].shape)
-    img = torch.empty((len(samples), *shape), dtype=torch.uint8)
+    c, h, w = shape = tuple(samples[0]["img"].shape)
+    img = torch.empty((len(samples), h, w, c) if channels_last else (len(samples), c, h, w), dtype=torch.uint8)
     if torch.utils.data.get_worker_info() is not None:
         img.share_memory_()  # in a loader worker: fill shared memory directly, saving a copy on the way out
+    img = img.permute(0, 3, 1, 2) if channels_last else img
     buffer = img.numpy()
     rows = []
     for i, s in enumerate(samples):
@@ -50,8 +55,9 @@ def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
     return (int(batch["targets"].shape[0]), int(batch["img"].shape[-1])) if batch else (0, imgsz)
 
 
-def seed_worker(worker_id: int) -> None:
-    """Seed numpy and random in each loader worker from torch's per-worker seed; keep OpenCV single-threaded."""
+def init_worker(worker_id: int) -> None:
+    """A loader worker: OpenCV single-threaded (the workers are the parallelism); numpy and random seeded from torch's
+    per-worker seed for anything outside a sample (each sample is seeded from its task: data/stream.py)."""
     import cv2
 
     seed = torch.initial_seed() % 2**32
@@ -60,61 +66,125 @@ def seed_worker(worker_id: int) -> None:
     cv2.setNumThreads(0)
 
 
-class YOLODataLoader(DataLoader):
-    """A DataLoader with ``set_epoch`` (DDP shuffling) and ``close_mosaic`` (reaches persistent workers)."""
+@contextmanager
+def opencv_single_thread(active: bool):
+    """OpenCV's thread pool off while loader work runs in this process (workers=0), put back afterwards."""
+    import cv2
+
+    previous = cv2.getNumThreads()
+    if active:
+        cv2.setNumThreads(0)
+    try:
+        yield
+    finally:
+        if active:
+            cv2.setNumThreads(previous)
+
+
+class YOLODataLoader:
+    """Batches of a dataset, one epoch per iteration, from workers that live as long as the loader.
+
+    ``span_epochs=True`` (training): one stream of tasks runs over every epoch (data/stream.py), so the workers go on
+    into the next epoch (2 batches each ahead) while the last one ends and validation runs, and a batch depends only on
+    (seed, rank, epoch, batch). ``set_epoch(e)`` names the next iteration's epoch (default: the one after the last),
+    ``skip_next(n)`` starts it after n batches, ``close_mosaic()`` switches the final stage on for every batch not yet
+    delivered: no worker restarts for any of them. ``span_epochs=False`` (validation): torch's persistent workers,
+    started again at each iteration.
+    """
+
+    def __init__(self, dataset, batch_size: int, workers: int = 0, shuffle: bool = False, sampler=None, base_seed: int = 0,
+                 pin_memory: bool = False, channels_last: bool = False, span_epochs: bool = False, collate=collate_fn):
+        self.dataset, self.batch_size, self.num_workers = dataset, int(batch_size), int(workers)
+        self.sampler = sampler  # DDP: this rank's DistributedSampler (set_epoch reaches it); else None
+        self.base_seed, self.span_epochs, self.persistent_workers = int(base_seed), bool(span_epochs), self.num_workers > 0
+        self.channels_last = bool(channels_last)  # batches in the channels_last memory format (the model's, where it uses it)
+        self.stream = EpochStream(len(dataset), batch_size, shuffle, base_seed, sampler, streams=workers, stage=dataset, span=span_epochs)
+        generator = torch.Generator()
+        generator.manual_seed(self.base_seed)  # the workers' torch seeds
+        self._loader = DataLoader(TaskDataset(dataset), batch_sampler=self.stream, num_workers=self.num_workers, pin_memory=pin_memory,
+                                  collate_fn=partial(collate, channels_last=self.channels_last) if collate is collate_fn else collate,
+                                  worker_init_fn=init_worker, generator=generator,
+                                  persistent_workers=self.persistent_workers and not self.span_epochs)
+        self._iterator = None  # the torch iterator that owns the workers
+        self._epoch: int | None = None  # the next iteration's epoch (set_epoch); None: the one after the last
+        self._last_epoch, self._skip = -1, 0
+
+    def __len__(self) -> int:
+        return len(self.stream)
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle order and worker seeds depend only on (seed, epoch): a resumed run replays the same epochs."""
+        """The next iteration is `epoch` (its order and draws depend only on (seed, rank, epoch)); DDP's sampler too."""
+        self._epoch = int(epoch)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
-        if self.generator is not None and hasattr(self, "base_seed"):
-            self.generator.manual_seed(self.base_seed + epoch)
 
     def skip_next(self, batches: int) -> None:
-        """The next iteration (only) starts after `batches` batches: their indices are drawn, in the same order as
-        without the skip, but nothing is loaded (a mid-epoch resume). Call it after ``set_epoch``."""
-        self.batch_sampler.sampler = _SkipFirst(self.batch_sampler, batches * self.batch_size)
+        """The next iteration (only) starts after `batches` batches, the same ones as without the skip, which are never
+        loaded (a mid-epoch resume). Call it after ``set_epoch``."""
+        self._skip = int(batches)
 
     def close_mosaic(self) -> None:
-        """Switch off mosaic/mixup/affine; the next ``iter(loader)`` starts fresh workers that see it."""
+        """Switch off mosaic/mixup/affine from the next batch delivered on; the workers see it in the tasks they get."""
         self.dataset.close_mosaic()
-        self.reset_workers()
 
     def reset_workers(self) -> None:
-        """Shut down persistent workers so the next iteration forks new ones from the current dataset."""
+        """End the workers (the next iteration starts new ones); what they had made is dropped."""
         iterator, self._iterator = self._iterator, None
+        self._loader._iterator = None  # torch's own handle on persistent workers (validation loaders)
+        self.stream.seek(*self.stream.next_delivery())
+        self.stream.issued.clear()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
 
+    def __iter__(self):
+        epoch = self._last_epoch + 1 if self._epoch is None else self._epoch
+        start, self._skip, self._epoch, self._last_epoch = self._skip, 0, None, epoch
+        with opencv_single_thread(self.num_workers == 0):
+            yield from self._epoch_batches(epoch, start)
+
+    def _epoch_batches(self, epoch: int, start: int):
+        stream = self.stream
+        if self._iterator is None or not self.span_epochs or stream.next_delivery() != (epoch, start):
+            stream.seek(epoch, start)
+        if self._iterator is None or not self.span_epochs:
+            stream.issued.clear()  # a validation loader's new iteration drops what the last one left
+            self._iterator = iter(self._loader)
+        batch_i = start
+        while batch_i < len(stream):
+            batch, task = self._receive()
+            if task.generation != stream.generation:
+                continue  # made before a seek
+            if task.closed != bool(getattr(self.dataset, "mosaic_closed", False)):
+                stream.seek(epoch, batch_i)  # the final stage began after it was issued: make it again
+                continue
+            batch_i += 1
+            yield batch
+
+    def _receive(self):
+        """The next batch from the workers and the task it was made from; after an error (a worker's, an interrupt) the
+        workers are ended, as nothing received later could be matched to its task."""
+        try:
+            batch = next(self._iterator)
+            return batch, self.stream.issued.popleft()
+        except BaseException:
+            self.reset_workers()
+            raise
+
 
 def close_loaders(*loaders) -> None:
-    """End the persistent workers of these loaders (None and plain DataLoaders are skipped): left alive, they were reaped
-    whenever garbage collection found them, taking up to 5 s per worker then; a loader stays usable (new workers)."""
+    """End the workers of these loaders (None and plain DataLoaders are skipped): left alive, they were reaped whenever
+    garbage collection found them, taking up to 5 s per worker then; a loader stays usable (new workers)."""
     for loader in loaders:
         if isinstance(loader, YOLODataLoader):
             loader.reset_workers()
 
 
-class _SkipFirst(torch.utils.data.Sampler):
-    """Wraps a batch sampler's sampler for one iteration: drops its first `count` indices, then puts the original back."""
-
-    def __init__(self, batch_sampler, count: int):
-        self.batch_sampler, self.inner, self.count = batch_sampler, batch_sampler.sampler, count
-
-    def __iter__(self):
-        self.batch_sampler.sampler = self.inner
-        indices = iter(self.inner)
-        for _ in range(self.count):
-            next(indices, None)
-        yield from indices
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-
 def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank: int = -1, seed: int = 0,
-                     pin_memory: bool | None = None) -> YOLODataLoader:
-    """A seeded loader over ``dataset``; DistributedSampler when ``rank != -1``; pinned memory on CUDA only."""
+                     pin_memory: bool | None = None, channels_last: bool = False, span_epochs: bool = False) -> YOLODataLoader:
+    """A seeded loader over ``dataset``; DistributedSampler when ``rank != -1``; pinned memory on CUDA only.
+
+    ``span_epochs``: the training loader (its workers run on over epoch ends, see YOLODataLoader); ``channels_last``:
+    batches in that memory format; ``pin_memory`` None: when CUDA is available."""
     if shuffle and getattr(dataset, "rect", False):
         LOGGER.warning("rectangular batches cannot be shuffled: shuffle=False")
         shuffle = False
@@ -122,23 +192,10 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
         LOGGER.warning(f"dataset planned rectangular batches of {dataset.batch_size} but the loader uses {batch_size}")
     workers = max(0, min(int(workers), os.cpu_count() or 1))
     sampler = DistributedSampler(dataset, rank=rank, shuffle=shuffle, seed=seed) if rank != -1 else None
-    generator = torch.Generator()
     base_seed = seed + 100003 * (max(rank, 0) + 1)
-    generator.manual_seed(base_seed)
-    loader = YOLODataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle and sampler is None,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        collate_fn=collate_fn,
-        worker_init_fn=seed_worker,
-        generator=generator,
-        persistent_workers=workers > 0,
-    )
-    loader.base_seed = base_seed
-    return loader
+    return YOLODataLoader(dataset, batch_size, workers, shuffle=shuffle and sampler is None, sampler=sampler, base_seed=base_seed,
+                          pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+                          channels_last=channels_last, span_epochs=span_epochs)
 
 
 def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None,

@@ -11,7 +11,8 @@ Every transform is a small callable on a *sample*, a dict with:
   back to the original image with ``(xy - pad) / ratio``; ``mosaic`` (bool).
 
 Transforms that are switched off for the final no-augmentation stage have ``close()``.
-Randomness comes from ``numpy.random`` (seeded per loader worker).
+Randomness comes from ``numpy.random``, which the loader seeds for each sample (data/stream.py); mosaic and mixup
+draw their partners with ``dataset.draw_partners``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Mosaic:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
         s = self.imgsz
-        others = np.random.randint(0, len(self.dataset), 3)
+        others = self.dataset.draw_partners(3)
         parts = [sample] + [self.dataset.get_image_and_label(int(i)) for i in others]
         xc, yc = (int(np.random.uniform(0.5 * s, 1.5 * s)) for _ in range(2))
         canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, dtype=np.uint8)
@@ -185,7 +186,7 @@ class MixUp:
     def __call__(self, sample: dict) -> dict:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
-        other = self.dataset.get_image_and_label(int(np.random.randint(0, len(self.dataset))))
+        other = self.dataset.get_image_and_label(int(self.dataset.draw_partners(1)[0]))
         for t in self.pre_transforms:
             other = t(other)
         if other["img"].shape != sample["img"].shape:

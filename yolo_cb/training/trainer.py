@@ -194,7 +194,7 @@ class Trainer(TrainerSurface):
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
         self.parts.data = build.check_data(args, self.rank)
         self._build_model()
-        loaders = build.build_loaders(args, self.data, self.rank, self.is_main)
+        loaders = build.build_loaders(args, self.data, self.rank, self.is_main, self.device)
         self.parts.train_loader, self.parts.test_loader, self.parts.extra_val = loaders.train, loaders.test, loaders.extra
         self.parts.num_batches = len(loaders.train)
         planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)
