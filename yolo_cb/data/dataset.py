@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from yolo_cb.data.npy_cache import load_npy, npy_path, npy_valid, save_npy
-from yolo_cb.data.transforms import build_transforms
+from yolo_cb.data.recent import RecentImages
+from yolo_cb.data.transforms import MixUp, Mosaic, build_transforms
 from yolo_cb.data.verify import folder_is_writable, imread, list_image_files, load_labels
 from yolo_cb.errors import os_reason
 from yolo_cb.utils.memory import available_memory
@@ -55,6 +56,7 @@ class YOLODataset(torch.utils.data.Dataset):
         self.batch_size, self.stride, self.prefix = int(batch_size), int(stride), prefix
         self.mosaic_closed = False  # the final no-augmentation stage is on (close_mosaic)
         self.partners: np.ndarray | None = None  # while a loader task is made: the indices its mosaic partners come from
+        self.recent: RecentImages | None = None  # images decoded a moment ago (keep_decoded; a training loader's pool)
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction={fraction} must be in (0, 1]")
         im_files = list_image_files(img_path, prefix)
@@ -130,10 +132,25 @@ class YOLODataset(torch.utils.data.Dataset):
         return img
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
-        """The image (BGR, long side imgsz) and its original (h0, w0)."""
+        """The image (BGR, long side imgsz) and its original (h0, w0): cached, decoded a moment ago, or decoded now."""
+        shape = self.labels[i]["shape"]
         if self.ims[i] is not None:
-            return self.ims[i], self.labels[i]["shape"]
-        return self._resize(self._read(i)), self.labels[i]["shape"]
+            return self.ims[i], shape
+        img = self.recent.get(i) if self.recent is not None else None
+        if img is None:
+            img = self._resize(self._read(i))
+            if self.recent is not None:
+                self.recent.put(i, img)
+        return img, shape
+
+    def keep_decoded(self, count: int) -> None:
+        """Keep the last `count` images decoded (within recent.MAX_BYTES) for mosaic partners; not with cache=ram."""
+        self.recent = RecentImages(count) if count > 0 and self.cache_mode != "ram" else None
+
+    @property
+    def draws_partners(self) -> bool:
+        """Whether samples draw mosaic / mixup partners (then the loader gives each batch a pool of them)."""
+        return any(isinstance(t, (Mosaic, MixUp)) and t.p > 0 for t in self.transforms)
 
     def cache_images(self):
         """Decode (and resize) every image once: into RAM, or as .npy beside each image for 'disk'."""

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.resolve import resolve_datasets_dir
-from yolo_cb.data.stream import EpochStream, TaskDataset
+from yolo_cb.data.stream import POOL_BATCHES, EpochStream, TaskDataset
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -193,6 +193,8 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
     workers = max(0, min(int(workers), os.cpu_count() or 1))
     sampler = DistributedSampler(dataset, rank=rank, shuffle=shuffle, seed=seed) if rank != -1 else None
     base_seed = seed + 100003 * (max(rank, 0) + 1)
+    if span_epochs and getattr(dataset, "draws_partners", False):
+        dataset.keep_decoded((POOL_BATCHES + 1) * batch_size)  # a no-cache process keeps its mosaic partner pool decoded
     return YOLODataLoader(dataset, batch_size, workers, shuffle=shuffle and sampler is None, sampler=sampler, base_seed=base_seed,
                           pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                           channels_last=channels_last, span_epochs=span_epochs)
