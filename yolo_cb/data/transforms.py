@@ -210,12 +210,13 @@ class RandomHSV:
             return sample
         r = np.random.uniform(-1, 1, 3) * self.gains + 1
         x = np.arange(256, dtype=np.float64)
-        lut_h = np.mod(x * r[0], 180).astype(np.uint8)
-        lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
-        lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
-        h, s, v = cv2.split(cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV))
-        hsv = cv2.merge((cv2.LUT(h, lut_h), cv2.LUT(s, lut_s), cv2.LUT(v, lut_v)))
-        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR))
+        lut = np.empty((256, 1, 3), dtype=np.uint8)  # one table per channel, applied in one pass (no split / merge)
+        lut[:, 0, 0] = np.mod(x * r[0], 180).astype(np.uint8)
+        lut[:, 0, 1] = np.clip(x * r[1], 0, 255).astype(np.uint8)
+        lut[:, 0, 2] = np.clip(x * r[2], 0, 255).astype(np.uint8)
+        hsv = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV)
+        cv2.LUT(hsv, lut, dst=hsv)
+        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=hsv))
 
 
 class RandomFlip:
