@@ -218,3 +218,15 @@ def test_the_cache_changes_speed_never_the_samples(images):
     plain, cached = train_loader(images, workers=0, seed=2), train_loader(images, workers=0, seed=2, cache="ram")
     assert plain.dataset.recent is not None and cached.dataset.cache_mode == "ram" and cached.dataset.recent is None
     assert_same(epochs(plain, 0, 1), epochs(cached, 0, 1))
+
+
+def test_a_worker_keeps_its_freed_memory_under_glibc():
+    """keep_freed_memory sets malloc under glibc and says so; elsewhere it does nothing (in a fresh process: it is
+    process-wide)."""
+    import platform
+    import subprocess
+    import sys
+
+    code = "from yolo_cb.data.worker_memory import keep_freed_memory; print(keep_freed_memory())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

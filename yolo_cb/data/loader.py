@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.resolve import resolve_datasets_dir
 from yolo_cb.data.stream import POOL_BATCHES, EpochStream, TaskDataset
+from yolo_cb.data.worker_memory import keep_freed_memory
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -56,14 +57,16 @@ def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
 
 
 def init_worker(worker_id: int) -> None:
-    """A loader worker: OpenCV single-threaded (the workers are the parallelism); numpy and random seeded from torch's
-    per-worker seed for anything outside a sample (each sample is seeded from its task: data/stream.py)."""
+    """A loader worker: OpenCV single-threaded (the workers are the parallelism); freed image memory kept for the next
+    sample (data/worker_memory.py); numpy and random seeded from torch's per-worker seed for anything outside a sample
+    (each sample is seeded from its task: data/stream.py)."""
     import cv2
 
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
     cv2.setNumThreads(0)
+    keep_freed_memory()
 
 
 @contextmanager
