@@ -148,12 +148,17 @@ def extract(ref: str, dest: Path) -> Path:
 
 
 def table(title: str, rows: dict[str, list[float]], unit: str) -> str:
-    base = statistics.median(rows["before"]) if rows.get("before") else None
-    lines = [f"\n{title}", f"| side | {unit} (median) | runs | x ours before |", "|---|---:|---|---:|"]
+    """Each side's median and runs, and its ratio to ours before and to Ultralytics as the median of the ratios within
+    a round (the sides of one round ran one after another, minutes apart: the machine's load drifts less within one)."""
+    def paired(side: str, other: str) -> str:
+        if other not in rows or side == other:
+            return ""
+        return f"{statistics.median(a / b for a, b in zip(rows[side], rows[other], strict=True)):.2f}"
+
+    lines = [f"\n{title}", f"| side | {unit} (median) | runs | x ours before (paired) | x Ultralytics (paired) |", "|---|---:|---|---:|---:|"]
     for side, values in rows.items():
-        med = statistics.median(values)
-        lines.append(f"| {side} | {med:.1f} | {', '.join(f'{v:.1f}' for v in values)} | {med / base:.2f} |" if base else
-                     f"| {side} | {med:.1f} | {', '.join(f'{v:.1f}' for v in values)} | |")
+        runs = ", ".join(f"{v:.1f}" for v in values)
+        lines.append(f"| {side} | {statistics.median(values):.1f} | {runs} | {paired(side, 'before')} | {paired(side, 'ultralytics')} |")
     return "\n".join(lines)
 
 

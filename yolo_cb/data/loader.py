@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 from contextlib import contextmanager
@@ -30,9 +31,7 @@ def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
     """
     # copied with numpy: torch.stack on uint8 goes through OpenMP, which crawls on a busy 2-core machine
     c, h, w = shape = tuple(samples[0]["img"].shape)
-    img = torch.empty((len(samples), h, w, c) if channels_last else (len(samples), c, h, w), dtype=torch.uint8)
-    if torch.utils.data.get_worker_info() is not None:
-        img.share_memory_()  # in a loader worker: fill shared memory directly, saving a copy on the way out
+    img = batch_buffer((len(samples), h, w, c) if channels_last else (len(samples), c, h, w))
     img = img.permute(0, 3, 1, 2) if channels_last else img
     buffer = img.numpy()
     rows = []
@@ -49,6 +48,15 @@ def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
         "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
         "ratio_pad": [s["ratio_pad"] for s in samples],
     }
+
+
+def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor for a batch; in a loader worker made in shared memory, where it goes anyway (as torch's
+    default_collate does: share_memory_() on a new tensor would copy it there, twice the page faults of writing it)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 def batch_shape(batch: dict | None, imgsz: int) -> tuple[int, int]:
