@@ -100,7 +100,7 @@ def known_answer_rows(spec: dict, result, loader_factory) -> None:
 def our_loader_rows(spec: dict, result, error_row) -> None:
     """Our train loader (mosaic, default augmentation, cache=ram) per worker count, whole epochs; one dataset for all."""
     from benchmarks.dataloader import settings
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
 
     data = check_data(spec["data"])
@@ -179,7 +179,7 @@ def augment_part(spec: dict, result, error_row) -> None:
     import torch
 
     from benchmarks.dataloader import settings
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
 
     data = check_data(spec["data_small"])

@@ -115,7 +115,7 @@ def test_the_default_augmentation_is_found_or_reported_absent(tmp_path, monkeypa
     fn, why = lookup(AUGMENT_FN)
     assert callable(fn) or why.startswith("no module") or "has no function" in why, why
     assert lookup("yolo_cb.data.no_such_module:fn") == (None, "no module yolo_cb.data.no_such_module")
-    assert lookup("yolo_cb.data.loader:no_such_function") == (None, "yolo_cb.data.loader has no function no_such_function")
+    assert lookup("yolo_cb.data.loading.loader:no_such_function") == (None, "yolo_cb.data.loading.loader has no function no_such_function")
     (tmp_path / "broken_augment.py").write_text("import no_such_dependency_here\n")  # present, but its own import fails: an error
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_here"):

@@ -5,6 +5,6 @@ labels.jpg (label_plot).
 Import from the submodules (kept light on purpose: importing this package loads nothing heavy)::
 
     from yolo_cb.data.resolve import check_data
-    from yolo_cb.data.loader import build_yolo_dataset, build_dataloader
+    from yolo_cb.data.loading.loader import build_yolo_dataset, build_dataloader
     from yolo_cb.data.transforms import letterbox
 """

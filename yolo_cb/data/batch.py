@@ -1,4 +1,4 @@
-"""What a loader batch holds, read without torch loaded (the layout is data/loader.py's collate_fn's): the progress line
+"""What a loader batch holds, read without torch loaded (the layout is data/loading/loader.py's collate_fn's): the progress line
 and the training step ask it for a batch's boxes and image size.
 
 Ultralytics' batch keys beside yolo-cb's `targets` (N, 6) [image index, class, cx, cy, w, h in input pixels]:

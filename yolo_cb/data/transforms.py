@@ -11,7 +11,8 @@ Every transform is a small callable on a *sample*, a dict with:
   back to the original image with ``(xy - pad) / ratio``; ``mosaic`` (bool).
 
 Transforms that are switched off for the final no-augmentation stage have ``close()``.
-Randomness comes from ``numpy.random`` (seeded per loader worker).
+Randomness comes from ``numpy.random``, which the loader seeds for each sample (data/loading/stream.py); mosaic and mixup
+draw their partners with ``dataset.draw_partners``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Mosaic:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
         s = self.imgsz
-        others = np.random.randint(0, len(self.dataset), 3)
+        others = self.dataset.draw_partners(3)
         parts = [sample] + [self.dataset.get_image_and_label(int(i)) for i in others]
         xc, yc = (int(np.random.uniform(0.5 * s, 1.5 * s)) for _ in range(2))
         canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, dtype=np.uint8)
@@ -193,7 +194,7 @@ class MixUp:
     def __call__(self, sample: dict) -> dict:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
-        other = self.dataset.get_image_and_label(int(np.random.randint(0, len(self.dataset))))
+        other = self.dataset.get_image_and_label(int(self.dataset.draw_partners(1)[0]))
         for t in self.pre_transforms:
             other = t(other)
         if other["img"].shape != sample["img"].shape:
@@ -217,12 +218,13 @@ class RandomHSV:
             return sample
         r = np.random.uniform(-1, 1, 3) * self.gains + 1
         x = np.arange(256, dtype=np.float64)
-        lut_h = np.mod(x * r[0], 180).astype(np.uint8)
-        lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
-        lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
-        h, s, v = cv2.split(cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV))
-        hsv = cv2.merge((cv2.LUT(h, lut_h), cv2.LUT(s, lut_s), cv2.LUT(v, lut_v)))
-        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR))
+        lut = np.empty((256, 1, 3), dtype=np.uint8)  # one table per channel, applied in one pass (no split / merge)
+        lut[:, 0, 0] = np.mod(x * r[0], 180).astype(np.uint8)
+        lut[:, 0, 1] = np.clip(x * r[1], 0, 255).astype(np.uint8)
+        lut[:, 0, 2] = np.clip(x * r[2], 0, 255).astype(np.uint8)
+        hsv = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV)
+        cv2.LUT(hsv, lut, dst=hsv)
+        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=hsv))
 
 
 class RandomFlip:

@@ -19,7 +19,7 @@ import torch
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.dataset_yaml import resolve_datasets_dir
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
+from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset, close_loaders
 from yolo_cb.data.resolve import check_data, missing_split_error, single_class
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.errors import ConfigError

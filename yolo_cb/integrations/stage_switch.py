@@ -8,7 +8,7 @@ next_stage_start_epoch when set, else max(epochs - N, 0) with N = close_mosaic, 
 At on_train_epoch_start of every epoch with
 trainer.epoch >= S — before the epoch's loader iterator exists — the switch is applied once per process:
 
-    train_loader.close_mosaic()        # dataset transforms closed; persistent workers restarted so they see it
+    train_loader.close_mosaic()        # dataset transforms closed; the workers see it in the next tasks they get (no restart)
     criterion.set_l1(True)             # YOLOX losses (and the EMA model's, for the val/l1_loss figure)
     trainer.validate_every_epoch = True
 
