@@ -219,7 +219,7 @@ def data_command(argv: list[str]) -> None:
     if command == "convert":
         from yolo_cb.data.convert import convert
 
-        print(f"wrote {convert(values['source'], values['format'].lower(), values['out'], values.get('names'))}")
+        convert(values["source"], values["format"].lower(), values["out"], values.get("names"))  # it logs the data.yaml it wrote
         return
     from yolo_cb.data.check import check_dataset, format_report
 
