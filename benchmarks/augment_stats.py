@@ -146,7 +146,7 @@ def main() -> None:
         results[label] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"| {data.parent.name}, imgsz {a.imgsz}, {a.samples} samples, seed {a.seed} | {' | '.join(results)} |\n|---|{'---:|' * len(results)}")
     for key in results[runs[0][0]]:
-        print(f"| {key} | {' | '.join(f'{r[key]:.3g}' for r in results.values())} |")
+        print(f"| {key} | {' | '.join(f'{r[key]:.5g}' for r in results.values())} |")
 
 
 if __name__ == "__main__":
