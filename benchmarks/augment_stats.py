@@ -74,7 +74,7 @@ def coloured(batch: dict):
     """The batch's images as the model sees them (x 255, uint8): colour applied here when the workers left it to the device."""
     if "hsv_gains" not in batch:
         return batch["img"]
-    from yolo_cb.data.loading.device_colour import jitter, hsv_tables
+    from yolo_cb.data.loading.device_colour import hsv_tables, jitter
 
     return jitter(batch["img"], hsv_tables(batch["hsv_gains"]))
 
