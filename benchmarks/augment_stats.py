@@ -45,12 +45,19 @@ def summary(boxes_per_sample: list[int], sides: np.ndarray, pad_shares: list[flo
             "boxes < 8 px": float(np.mean(short < 8)) if len(short) else 0.0, "padding share": float(np.mean(pad_shares))}
 
 
+def loader_module():
+    """yolo-cb's loader module on PYTHONPATH: data/loading/loader.py since issue 58, data/loader.py before (a before run)."""
+    import importlib
+
+    new = importlib.util.find_spec("yolo_cb.data.loading")
+    return importlib.import_module("yolo_cb.data.loading.loader" if new else "yolo_cb.data.loader")
+
+
 def ours(data: Path, imgsz: int, samples: int, seed: int, colour_on: str = "worker") -> dict:
     import random
 
     import torch
 
-    from yolo_cb.data.loading.loader import build_yolo_dataset
     from yolo_cb.data.resolve import check_data
     from yolo_cb.settings.config import get_config
 
@@ -58,7 +65,7 @@ def ours(data: Path, imgsz: int, samples: int, seed: int, colour_on: str = "work
     args = get_config({"imgsz": imgsz, "data": str(data)})
     spec = check_data(str(data), args.datasets_dir)
     extra = {"colour_on_device": True} if colour_on == "device" else {}
-    dataset = build_yolo_dataset(args, spec["train"], "train", spec["names"], batch=16, **extra)
+    dataset = loader_module().build_yolo_dataset(args, spec["train"], "train", spec["names"], batch=16, **extra)
     counts, sides, pads, images = [], [], [], []
     for batch in training_batches(dataset, seed, samples):
         for i, img in enumerate(coloured(batch)):
@@ -84,10 +91,8 @@ def training_batches(dataset, seed: int, samples: int):
     a run trains on (since issue 58 the loader gives each batch its pool of mosaic partners)."""
     import inspect
 
-    from yolo_cb.data.loading.loader import build_dataloader
-
-    older = "span_epochs" not in inspect.signature(build_dataloader).parameters  # yolo-cb before issue 58 (a before/after run)
-    loader = build_dataloader(dataset, 16, 0, shuffle=True, seed=seed, **({} if older else {"span_epochs": True}))
+    older = "span_epochs" not in inspect.signature(loader_module().build_dataloader).parameters  # yolo-cb before issue 58 (a before/after run)
+    loader = loader_module().build_dataloader(dataset, 16, 0, shuffle=True, seed=seed, **({} if older else {"span_epochs": True}))
     epoch, seen = 0, 0
     while seen < samples:
         loader.set_epoch(epoch)

@@ -47,12 +47,15 @@ SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
 # --- one side, in its own process ----------------------------------------------------------------------------------
 def our_loader(p: dict):
     """Our training loader as the trainer of the code on PYTHONPATH builds it; (loader, key of the batch's files)."""
+    import importlib
     import inspect
 
-    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
     from yolo_cb.settings.config import get_config
 
+    loading = importlib.util.find_spec("yolo_cb.data.loading")  # the loader's package since issue 58; data/loader.py before
+    loader_module = importlib.import_module("yolo_cb.data.loading.loader" if loading else "yolo_cb.data.loader")
+    build_dataloader, build_yolo_dataset = loader_module.build_dataloader, loader_module.build_yolo_dataset
     args = get_config({"imgsz": p["imgsz"], "data": p["data"], "batch": p["batch"], "cache": p["cache"], "workers": p["workers"]})
     spec = check_data(p["data"], args.datasets_dir)
     colour = {"colour_on_device": True} if p.get("colour_on") == "device" else {}  # a side "after-device" (issue 58 item 2)
