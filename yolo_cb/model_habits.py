@@ -12,7 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.weights import resolve_weights
+from yolo_cb.nn import build_model
+from yolo_cb.nn.blocks import ConvBNAct
+from yolo_cb.prediction.backend import PyTorchBackend
+from yolo_cb.settings.config import get_config
+from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.version import __version__
 
 
 class ModelHabits:
@@ -52,10 +60,6 @@ class ModelHabits:
         """Write the loaded PyTorch model as a yolo-cb checkpoint that YOLO(filename) loads back, as Ultralytics'
         model.save(): its weights, architecture and class names, marked finished (a start for training, not a run to
         resume). Written atomically; a fused model is refused (its BatchNorms are gone, so no model could load it)."""
-        from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
-        from yolo_cb.nn.blocks import ConvBNAct
-        from yolo_cb.version import __version__
-
         module = self._pytorch_module("save")
         if any(isinstance(m, ConvBNAct) and isinstance(m.bn, nn.Identity) for m in module.modules()):
             raise ValueError("save() needs an unfused model: fuse() folded its BatchNorms into the convolutions; save before fuse()")
@@ -70,11 +74,6 @@ class ModelHabits:
         model takes the weights' classes (names and count) first, so that their class head transfers too (Ultralytics keeps
         the YAML's 80 and leaves it out). From then on val / predict / export run, and train() starts from, this in-memory
         model (until a training replaces it with its best.pt)."""
-        from yolo_cb.checkpoints.checkpoint import load_checkpoint
-        from yolo_cb.checkpoints.weights import resolve_weights
-        from yolo_cb.nn import build_model
-        from yolo_cb.settings.config import get_config
-
         module = self._pytorch_module("load")
         if isinstance(weights, nn.Module):
             state, names, origin = weights.state_dict(), getattr(weights, "names", None), type(weights).__name__
@@ -109,9 +108,6 @@ class ModelHabits:
             return args.model
         if not backend:
             return module
-        from yolo_cb.prediction.backend import PyTorchBackend
-        from yolo_cb.utils.device import select_device
-
         device = select_device(args.device)
         return PyTorchBackend(copy.deepcopy(module), owned=True, device=device, fp16=bool(args.half) and device.type == "cuda")
 

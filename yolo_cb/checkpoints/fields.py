@@ -15,7 +15,6 @@ import torch
 
 from yolo_cb.errors import CheckpointError
 
-STATE_DICTS = ("model", "ema", "scaler")  # name -> tensor mappings (scaler: AMP's plain state)
 MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng")  # plain mappings
 INTEGERS = ("epoch", "epochs", "ema_updates", "last_opt_step", "best_epoch", "metrics_epoch", "epoch_batches", "world_size",
             "optimizer_steps", "tensors_crc32", "format_version")

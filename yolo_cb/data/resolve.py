@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.data.download import download_dataset, is_url
+from yolo_cb.data.formats.cache import materialise, source_kind
+from yolo_cb.data.formats.coco import coco_names
+from yolo_cb.data.formats.voc import split_list, voc_class_names
 from yolo_cb.data.synthetic import generate_shapes
 from yolo_cb.errors import DataError, short_repr
 from yolo_cb.utils.paths import find_dataset_cfg
@@ -210,10 +213,6 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
 def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int] | None]:
     """The names of a data YAML without `names:`: its train COCO JSON's categories (in id order, and their ids, which
     predictions.json then writes), or the sorted class names of its train VOC split's annotations."""
-    from yolo_cb.data.formats.cache import source_kind
-    from yolo_cb.data.formats.coco import coco_names
-    from yolo_cb.data.formats.voc import split_list, voc_class_names
-
     train = data["train"][0] if isinstance(data["train"], list) else data["train"]
     kind = source_kind(train)
     if kind == "coco":
@@ -257,8 +256,6 @@ def numbered_names(cfg: dict, yaml_file: Path) -> dict[int, str]:
 
 def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
     """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
-    from yolo_cb.data.formats.cache import source_kind
-
     return any(source_kind(p) for root, _ in places for p in _split_paths(cfg.get("train"), root, "train", yaml_file) or [])
 
 
@@ -333,8 +330,6 @@ def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
     (data/formats/cache.py); without `names:` the train split's categories are the names. A COCO JSON inside the root
     that `path:` gives has that root as its dataset root (coco.coco_root); without `path:` its own."""
-    from yolo_cb.data.formats.cache import materialise
-
     out = {"yaml_file": str(yaml_file), "path": str(root)}
     given_root = root if cfg.get("path") not in (None, "") else None  # never the YAML's folder: it may be a home folder
     category_ids = None

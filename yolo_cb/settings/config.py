@@ -25,7 +25,6 @@ from yolo_cb.settings.values import (  # noqa: F401
     INT_RANGES,
     NONNEG_FLOATS,
     POSITIVE_FLOATS,
-    _parse_scalar,
     _yaml_text,
     coerce,
     parse_freeze,

@@ -21,12 +21,12 @@ from typing import Any
 
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.training.plan import plan_worker, world_size_for
-from yolo_cb.training.trainer import SIGNAL_EXIT
+from yolo_cb.training.signals import SIGNAL_EXIT
 from yolo_cb.utils.log import LOGGER
 
 
 def _signal_exits() -> dict:
-    """{signal: a worker's exit code after it} for the signals passed on to the workers (the trainer's SIGNAL_EXIT)."""
+    """{signal: a worker's exit code after it} for the signals passed on to the workers (training/signals.py)."""
 
     return SIGNAL_EXIT
 

@@ -240,7 +240,8 @@ def dataset_fingerprint(data: dict[str, Any], version: int = FINGERPRINT_VERSION
 
 def describe_dataset(fingerprint: dict[str, Any]) -> str:
     names = fingerprint.get("names") or []
-    shown = ", ".join(printable(n) for n in names[:8])  # the names escaped: this message is printed, the names are a data YAML's + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    # the names escaped: this message is printed, and the names are a data YAML's
+    shown = ", ".join(printable(n) for n in names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 

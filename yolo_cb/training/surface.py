@@ -116,7 +116,7 @@ class TrainerSurface:
     def use_schedule(self, lr_scheduler) -> None:
         """Before training starts (on_pretrain_routine_start): the loop's LR schedule follows `lr_scheduler` (any value of
         the setting but none and module:Class) instead of the setting."""
-        if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.groups):
+        if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.started):
             raise RuntimeError("trainer.use_schedule(): the LR schedule has started; choose it in on_pretrain_routine_start")
         self.recipe.schedule = LRSchedule(lr_scheduler)
 

@@ -33,12 +33,11 @@ from yolo_cb.recipe.saver import EpochOutcome
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.settings.config import Config
 from yolo_cb.training import build, resume_state
-from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.training.place import Place, make_save_dir
 from yolo_cb.training.run_state import Clock, Progress, RunContents, RunState
-from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/training/launch.py reads it here)
+from yolo_cb.training.signals import SignalWatch
 from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding  # noqa: F401  (public names)
 from yolo_cb.training.surface import TrainerSurface
 from yolo_cb.utils import dist as distributed
