@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
-from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.data.check import training_summary
 from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
@@ -82,9 +81,10 @@ def check_data(args: Config, rank: int) -> dict:
 
 def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict, device: torch.device, verbose: bool) -> torch.nn.Module:
     """The model on `device`: the architecture of the checkpoint resumed, of the initial checkpoint or of the YAML, with
-    the initial checkpoint's (or pretrained=) matching weights, and the dataset's class names."""
-    source = resolve_weights(model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
-    init_ckpt = None
+    the initial checkpoint's (or pretrained=) matching weights, and the dataset's class names. Official weights named by
+    name were resolved to their files by the plan (training/plan.py fresh_train_args); a resume loads no pretrained=
+    weights (the checkpoint's replace them)."""
+    source, init_ckpt = model_source, None
     if resume_ckpt is not None:
         cfg = resume_ckpt.model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
@@ -96,8 +96,8 @@ def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict,
     else:
         cfg = source
     model = build(cfg, nc=int(data["nc"]), verbose=verbose, imgsz=args.imgsz)
-    if args.pretrained and not isinstance(args.pretrained, bool):
-        init_ckpt = load_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+    if resume_ckpt is None and args.pretrained and not isinstance(args.pretrained, bool):
+        init_ckpt = load_checkpoint(args.pretrained)
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
     model.names = dict(data["names"])

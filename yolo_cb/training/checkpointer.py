@@ -35,9 +35,14 @@ class Checkpointer:
         self.fingerprint: dict | None = None
 
     def data_fingerprint(self, data: dict) -> dict | None:
+        """The dataset's identity the checkpoints record: counted once, at the first save, unless a resume carried it."""
         if self.fingerprint is None and data:
             self.fingerprint = resume.dataset_fingerprint(data)
         return self.fingerprint
+
+    def resumed(self, ckpt: Checkpoint, data: dict) -> None:
+        """A resume of `ckpt` on `data`: its recorded fingerprint is this run's (the plan compared it with the dataset)."""
+        self.fingerprint = resume.carried_fingerprint(ckpt.data_fingerprint, data)
 
     def gather_rank_rng(self, world_size: int) -> None:
         """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""

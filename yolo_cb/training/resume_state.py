@@ -17,7 +17,6 @@ from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
-from yolo_cb.training.resume import check_same_dataset
 from yolo_cb.training.run_state import RunContents, RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
@@ -82,7 +81,7 @@ def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
 
 def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     """Restore a built run from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, the recipe's and callbacks'
-    states, RNG; refuses (ResumeError) a dataset other than the checkpoint's."""
+    states, RNG. The dataset is the checkpoint's: the plan refused any other (training/resume.py check_resume_data)."""
     load_weights_strictly(unwrap(run.parts.model), ckpt.model, f"checkpoint '{run.args.resume}'")
     if ckpt.optimizer:
         run.parts.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, run.parts.optimizer, unwrap(run.parts.model)))
@@ -115,7 +114,6 @@ def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     if skip:
         run.state.progress.stepped = True
         run.state.progress.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
-    check_same_dataset(ckpt, run.parts.data, run.args.resume)
     if run.state.progress.start_epoch >= run.state.progress.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {run.state.progress.epochs} epochs are trained; finishing the run (final validation of best.pt)")
     elif skip:

@@ -202,6 +202,7 @@ class Trainer(TrainerSurface):
         self.step.bind(StepBinding(args, self.parts, self.state, self.clock, self.run_callbacks, self.device, self.flag_device))
         if self.resume_ckpt is not None:
             resume_state.load_state(self.resume_ckpt, self._contents())
+            self.checkpointer.resumed(self.resume_ckpt, self.data)
         self._wrap_forward()
         self.parts.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
