@@ -398,3 +398,14 @@ def test_imports_inside_functions_are_the_listed_ones():
     assert not unlisted, f"imports inside functions that could sit at the top of their module (or list them with a reason): {unlisted}"
     stale = sorted(set(LOCAL_IMPORTS) - set(found))
     assert not stale, f"LOCAL_IMPORTS lists imports that are gone: {stale}"
+
+
+def test_the_training_package_knows_no_model_family():
+    """The checkpointer and the resume once tested isinstance(criterion, YOLOXLoss) to save the L1 switch: the loss now
+    gives its own training_state(), and training/ reaches a family only through the Detector contract."""
+    graph = import_graph()
+    families = {m.rsplit(".", 1)[0] for m in graph if m.startswith("yolo_cb.nn.") and m.count(".") == 3}
+    assert {"yolo_cb.nn.yolox", "yolo_cb.nn.yolocb"} <= families
+    found = [f"{m} -> {d}" for m in sorted(graph) if m.startswith("yolo_cb.training.") for d in sorted(graph[m])
+             if any(d == f or d.startswith(f + ".") for f in families)]
+    assert not found, f"training/ imports a model family: {found}"

@@ -15,7 +15,7 @@ import torch
 
 from yolo_cb.errors import CheckpointError
 
-MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng")  # plain mappings
+MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng", "loss")  # plain mappings
 INTEGERS = ("epoch", "epochs", "ema_updates", "last_opt_step", "best_epoch", "metrics_epoch", "epoch_batches", "world_size",
             "optimizer_steps", "tensors_crc32", "format_version")
 NUMBERS = ("best_fitness", "fitness", "monitor_value")

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from yolo_cb.data.resolve import single_class
 from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation.val_sets import extra_sets, placeholder_keys
 from yolo_cb.nn import build_model as build
-from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.freeze import freeze_bn_stats, trainable_count
 from yolo_cb.settings.config import Config, load_defaults
@@ -114,20 +112,17 @@ def build_criterion(args: Config, model: torch.nn.Module) -> tuple[Any, tuple[st
 
 
 def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint) -> int:
-    """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
-    YOLOX's prior bias). Returns the number of tensors transferred."""
+    """Copy every tensor whose key and shape match; the others keep the build's initialisation (another class count: the
+    class head starts as the family's head does, e.g. YOLOX's prior bias). Returns the number of tensors transferred."""
 
     source = ckpt.ema or ckpt.model
     own = model.state_dict()
     matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(matching, strict=False)
-    fresh = [conv for i, conv in enumerate(getattr(getattr(model, "head", None), "cls_preds", None) or [])
-             if f"head.cls_preds.{i}.weight" in source and f"head.cls_preds.{i}.weight" not in matching]
-    with torch.no_grad():
-        for conv in fresh:  # fresh weights from the build; YOLOX's prior bias set here, whatever the head's own init
-            conv.bias.fill_(-math.log((1 - PRIOR_PROB) / PRIOR_PROB))
-    classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.names or {})}) " \
-              f"with prior probability {PRIOR_PROB}" if fresh else ""
+    reshaped = any(k in own and own[k].shape != v.shape for k, v in source.items())
+    nc, saved_nc = int(getattr(model, "nc", 0)), len(ckpt.names or {})
+    classes = f"; class head re-initialised for {nc} classes (checkpoint: {saved_nc}) as the model's head starts" \
+        if reshaped and saved_nc and nc != saved_nc else ""
     LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint{classes}")
     return len(matching)
 

@@ -18,7 +18,6 @@ from yolo_cb.checkpoints.checkpoint import (
     serialize_checkpoint,
     strip_optimizer,
 )
-from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.training import resume, resume_state
 from yolo_cb.training.run_state import RunContents
@@ -85,7 +84,7 @@ class Checkpointer:
             optimizer_steps=p.optimizer_steps,
             tloss=state.losses.tloss.tolist() if batches_done and state.losses.tloss is not None else None,
             grads=resume_state.partial_grads(parts.model) if batches_done else None,
-            use_l1=isinstance(parts.criterion, YOLOXLoss) and parts.criterion.use_l1,
+            loss=parts.criterion.training_state(),
             metrics={k: float(v) for k, v in metrics.values.items()},
             metrics_epoch=metrics.epoch,
             monitor_value=metrics.monitor_value,

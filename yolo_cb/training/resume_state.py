@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
-from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
@@ -101,8 +100,7 @@ def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     run.state.best.fitness, run.state.best.epoch, run.state.metrics.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
     run.state.metrics.values = dict(ckpt.metrics or {})
     run.state.metrics.epoch, run.state.metrics.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
-    if isinstance(run.parts.criterion, YOLOXLoss):
-        run.parts.criterion.set_l1(bool(ckpt.use_l1))
+    run.parts.criterion.load_training_state(ckpt.loss or {})
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
     run.step.last_opt_step = int(run.state.progress.start_epoch * run.parts.num_batches - 1 if recorded_step is None else recorded_step)
     run.recipe.load_states(ckpt.recipe, callback_states)
