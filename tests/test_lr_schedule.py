@@ -15,7 +15,7 @@ from torch import nn
 
 from yolo_cb import YOLO
 from yolo_cb.recipe.optim import build_optimizer
-from yolo_cb.recipe.schedule import LRSchedule
+from yolo_cb.recipe.schedule import LRSchedule, Warmup
 from yolo_cb.settings.config import ConfigError, get_config
 
 
@@ -88,12 +88,12 @@ def drive(lr_scheduler, epochs=6, nb=4, warmup_epochs=1.0, metrics=None, lr0=0.0
     schedule = LRSchedule()
     trainer = SimpleNamespace(args=args, optimizer=optim, epoch=0, metrics={}, lr_schedule=schedule)
     warmup_iters = max(round(warmup_epochs * nb), 100) if warmup_epochs > 0 else -1
-    schedule.start(optim, args, epochs, 0, warmup_iters, args.warmup_bias_lr, args.momentum)
+    schedule.start(optim, args, epochs, 0, Warmup(warmup_iters, args.warmup_bias_lr, args.warmup_momentum, args.momentum))
     seen = []
     for epoch in range(epochs):
         trainer.epoch = epoch
         for batch_i in range(nb):
-            schedule.warmup_batch(epoch, batch_i, nb)
+            schedule.warmup_batch(epoch, batch_i + nb * epoch)
             seen.append((epoch, batch_i, [g["lr"] for g in optim.param_groups]))
         if metrics is not None:
             trainer.metrics = metrics(epoch)

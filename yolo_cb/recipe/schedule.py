@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -65,6 +65,28 @@ def builtin_factor(name: str, params: dict, epochs: int, lrf: float) -> Callable
     raise KeyError(name)
 
 
+class Warmup(NamedTuple):
+    """A run's warmup, decided once (`Warmup.of`, when the optimizer is planned): over its first `iters` batches the LR
+    schedule ramps each group's LR (biases from `bias_lr`, the others from 0) and SGD's momentum (from `momentum_start`
+    to `momentum`), and the step ramps gradient accumulation from 1 batch up to the nominal batch (`accumulate`)."""
+
+    iters: int = -1  # batches of warmup over the run (-1: none): warmup_epochs of batches, at least 100
+    bias_lr: float = 0.0  # where group 0 (the biases) starts (every optimizer's, as Ultralytics; BENCHMARKS.md)
+    momentum_start: float = 0.0  # warmup_momentum: where the momentum ramp starts
+    momentum: float = 0.0  # the optimizer's momentum once warmed up
+
+    @classmethod
+    def of(cls, args: Any, num_batches: int, momentum: float) -> Warmup:
+        iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
+        return cls(iters, float(args.warmup_bias_lr), float(args.warmup_momentum), float(momentum))
+
+    def accumulate(self, ni: int, nbs: int, global_batch: int) -> int | None:
+        """Batches per optimizer step at batch `ni` of the run: from 1 up to nbs / global_batch during warmup; None after."""
+        if ni > self.iters:
+            return None
+        return max(1, int(np.interp(ni, [0, self.iters], [1, nbs / global_batch]).round()))
+
+
 class LRSchedule:
     """Sets each group's LR: per-batch (or per-epoch) warmup, then the chosen schedule once per epoch. See the module docstring."""
 
@@ -84,14 +106,13 @@ class LRSchedule:
         self.held: set[int] = set()  # groups whose warmup ramp a callback's write ended: their LR is that write's
         self.optimizer: torch.optim.Optimizer | None = None  # its groups are looked up at each write, never kept
         self.epoch, self.ni = 0, -1  # where the run is: the epoch the LR is set for, the last batch warmed up
+        self.warmup = Warmup()  # the run's warmup (start)
 
     # --- setup ----------------------------------------------------------------------------
-    def start(self, optimizer: torch.optim.Optimizer, args: Any, epochs: int, start_epoch: int, warmup_iters: int,
-              warmup_bias_lr: float, momentum: float) -> None:
+    def start(self, optimizer: torch.optim.Optimizer, args: Any, epochs: int, start_epoch: int, warmup: Warmup) -> None:
         """Own `optimizer`'s scheduled groups (after a resume restored it) and set `start_epoch`'s LR."""
         kind, self.name, params, target = parsed(args) if self.setting is None else resolve(self.setting, args)
-        self.kind, self.args, self.warmup_iters = kind, args, warmup_iters
-        self.warmup_bias_lr, self.momentum = warmup_bias_lr, momentum
+        self.kind, self.args, self.warmup = kind, args, warmup
         self.warmup_by = params.pop("warmup_by", "batch")
         self.cooldown = int(params.pop("cooldown_epochs", 0))
         if kind == "builtin" and args.cos_lr and self.name == "linear":
@@ -155,7 +176,7 @@ class LRSchedule:
     def _adopt(self, i: int, now: float) -> None:
         """Group i's LR was set to `now` by a callback: it sticks (the group's schedule is rescaled by it)."""
         mine = self.written[i]
-        warming = self.warmup_by == "batch" and 0 <= self.ni <= self.warmup_iters
+        warming = self.warmup_by == "batch" and 0 <= self.ni <= self.warmup.iters
         if self.kind == "torch":
             self.target[i] = now
         elif mine and not warming:
@@ -189,25 +210,26 @@ class LRSchedule:
         warmup, momenta = float(self.args.warmup_epochs), None
         if self.warmup_by == "epoch" and warmup > 0 and epoch < math.ceil(warmup):
             fraction = (epoch + 1) / (math.ceil(warmup) + 1)
-            starts = [self.warmup_bias_lr if i == 0 else 0.0 for i in range(len(values))]
+            starts = [self.warmup.bias_lr if i == 0 else 0.0 for i in range(len(values))]
             values = [s + fraction * (v - s) for s, v in zip(starts, values, strict=True)]
-            momenta = [self.args.warmup_momentum + fraction * (self.momentum - self.args.warmup_momentum)] * len(values)
+            momenta = [self.warmup.momentum_start + fraction * (self.warmup.momentum - self.warmup.momentum_start)] * len(values)
         elif self.warmup_by == "epoch" and warmup > 0 and epoch == math.ceil(warmup):
-            momenta = [self.momentum] * len(values)
+            momenta = [self.warmup.momentum] * len(values)
         self._write(values, momenta)
 
-    def warmup_batch(self, epoch: int, batch_i: int, num_batches: int) -> None:
-        """Per-batch warmup: LR from warmup_bias_lr (biases) / 0 (others) to the epoch's scheduled LR; momentum too."""
+    def warmup_batch(self, epoch: int, ni: int) -> None:
+        """Per-batch warmup at batch `ni` of the run (of `epoch`): LR from the warmup's bias_lr (biases) / 0 (others) to
+        the epoch's scheduled LR; momentum too."""
         self._notice()  # before ni moves on: a write during the last batch's warmup ends that ramp
-        self.ni = ni = batch_i + num_batches * epoch
-        if self.warmup_by != "batch" or ni > self.warmup_iters:
+        self.ni = ni
+        if self.warmup_by != "batch" or ni > self.warmup.iters:
             return
-        xi, values = [0, self.warmup_iters], []
+        xi, values = [0, self.warmup.iters], []
         for j in range(len(self.base)):
-            start = self.warmup_bias_lr if j == 0 else 0.0  # group 0 holds the biases
+            start = self.warmup.bias_lr if j == 0 else 0.0  # group 0 holds the biases
             ramp = float(np.interp(ni, xi, [start, self._scheduled(j, epoch)]))
             values.append(self._scheduled(j, epoch) if j in self.held else ramp)
-        momentum = float(np.interp(ni, xi, [self.args.warmup_momentum, self.momentum]))
+        momentum = float(np.interp(ni, xi, [self.warmup.momentum_start, self.warmup.momentum]))
         self._write(values, [momentum] * len(values))
 
     def next_epoch(self, epoch: int, metrics: dict, validated: bool) -> None:
