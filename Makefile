@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch and torchvision are pinned here for this machine's local wheel store; pyproject keeps ranges for users.
 TORCH := torch==2.14.1 torchvision==0.29.1
+# the `track` extra's tracker (tests/test_video_track.py) and what it imports, pinned as tested; its own requirements add
+# opencv-python, a second cv2 beside opencv-python-headless, so they are installed without it (users: pip install 'yolo-cb[track]')
+TRACKERS := trackers==2.6.1 supervision==0.31.2 av defusedxml pydeprecate==0.13.0
 # test processes side by side (pytest-xdist): the suite's processes use one thread each (tests/conftest.py), so two
 # keep both cores of a 2-core machine busy (whole suite in a clean clone: 830 s; three processes: 948 s; the longest
 # files first: 928 s); a file's tests stay in one process (its module fixtures are built once)
@@ -16,6 +19,7 @@ $(BIN)/yolo-cb: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile $(TORCH)  # no byte-compiling torch's ~3,000 modules: a process compiles the few it imports
 	$(BIN)/pip install -q -e '.[dev]'  # byte-compiled here: PYTHONDONTWRITEBYTECODE=1 on these machines, so no process caches it later
+	$(BIN)/pip install -q --no-deps $(TRACKERS)  # the track extra without its opencv-python, which would overwrite our headless cv2
 	touch $(BIN)/yolo-cb
 
 venv: $(BIN)/yolo-cb

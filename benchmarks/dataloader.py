@@ -50,7 +50,7 @@ def settings(imgsz: int, cache):
 
 def images_per_second(img_path, imgsz: int, workers: int, cache, batches: int) -> tuple[float, float]:
     """(images/s after the first batch, seconds to the first batch)."""
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
 
     names = {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}
     ds = build_yolo_dataset(settings(imgsz, cache), img_path, "train", names)
@@ -74,7 +74,7 @@ def transform_costs(img_path, imgsz: int, samples: int = 100) -> dict[str, float
     """Milliseconds per sample of loading and of each transform (workers=0, no cache)."""
     import numpy as np
 
-    from yolo_cb.data.loader import build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_yolo_dataset
 
     ds = build_yolo_dataset(settings(imgsz, False), img_path, "train", {i: str(i) for i in range(4)})
     costs = {"load": 0.0} | {type(t).__name__: 0.0 for t in ds.transforms} | {"format": 0.0}

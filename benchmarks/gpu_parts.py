@@ -4,9 +4,11 @@ Only the standard library is imported at the top: the `ultralytics` part runs un
 Ultralytics installed, which need not have yolo-cb's dependencies), and each part imports what it uses. A part writes
 RESULT.json after every row, so a part stopped at its timeout still returns the rows it finished.
 
-Parts: train (our default model: amp / channels_last / compile), loader (the train loader alone), ultralytics (YOLO11n,
-YOLO26n, same recipe), ddp (2 processes on one device, a closure callback, trainer.stop from rank 1), export (ONNX and a
-TensorRT engine, each validated). The DDP part's probe of NCCL is `gpu_parts.py nccl-probe RANK PORT`.
+Parts: train (our default model, whole epochs: gpu_train.py), loader (our train loader alone, whole epochs, and the
+harness's known-answer rows: gpu_loader.py), ultralytics (its loader alone, then YOLO11n and YOLO26n, same settings),
+augment (the device-side augmentation's ms per batch, eager and compiled: gpu_loader.py), ddp (2 processes on one
+device, a closure callback, trainer.stop from rank 1), export (ONNX and a TensorRT engine, each validated). The DDP
+part's probe of NCCL is `gpu_parts.py nccl-probe RANK PORT`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks.gpu_loader import augment_part, our_loader_rows  # noqa: E402
 from benchmarks.gpu_train import train_rows, ultralytics_rows  # noqa: E402
 
 STOP_BATCH = 1  # the DDP part's callback sets trainer.stop on rank 1 at this batch of the first epoch
@@ -48,52 +51,6 @@ def error_row(config: str, error: BaseException) -> dict:
     """A row for a configuration that failed: its error, last line first."""
     return {"config": config, "status": "error", "error": f"{type(error).__name__}: {error}"[:800],
             "traceback": traceback.format_exc()[-2000:]}
-
-
-def cuda_sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-# --- loader: the train data pipeline alone ------------------------------------------------------------------------------
-def loader_part(spec: dict, result: Result) -> None:
-    """Images/s of the train loader (mosaic, default augmentation, cache=ram) at spec's imgsz, per worker count."""
-    from benchmarks.dataloader import settings
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
-    from yolo_cb.data.resolve import check_data
-
-    data = check_data(spec["data"])
-    for workers in spec["loader_workers"]:
-        config = f"workers={workers} cache=ram mosaic=1.0 batch={spec['batch']}"
-        try:
-            hyp = settings(spec["imgsz"], "ram")
-            hyp.batch = spec["batch"]
-            dataset = build_yolo_dataset(hyp, data["train"], "train", data["names"], batch=spec["batch"], write_caches=True)
-            loader = build_dataloader(dataset, spec["batch"], workers, shuffle=True, seed=0, pin_memory=spec["cuda"])
-            images, seconds = time_loader(loader, spec["loader_batches"])
-            loader.reset_workers()
-            result.add({"config": config, "status": "ok", "ips": images / seconds, "images": images, "seconds": seconds,
-                        "pinned": bool(spec["cuda"]), "workers": workers})
-        except Exception as error:  # one worker count failing must not hide the others
-            result.add(error_row(config, error))
-
-
-def time_loader(loader, batches: int, files_key: str = "im_files") -> tuple[int, float]:
-    """(images, seconds) over `batches` batches after the first (the workers' start is not the pipeline's rate);
-    `files_key`: the batch's list of image files (Ultralytics' loader calls it im_file)."""
-    iterator = iter(loader)
-    next(iterator)
-    images, start = 0, time.perf_counter()
-    for _ in range(batches):
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            iterator = iter(loader)
-            batch = next(iterator)
-        images += len(batch[files_key])
-    return images, time.perf_counter() - start
 
 
 # --- ddp: two processes on one device -----------------------------------------------------------------------------------
@@ -159,7 +116,8 @@ def ddp_part(spec: dict, result: Result) -> None:
     config = f"nproc=2 device={spec['device']} batch={spec['ddp_batch']}/rank epochs={spec['ddp_epochs']}"
     start = time.perf_counter()
     try:
-        metrics = model.train(**{**spec["train_settings"], "batch": spec["ddp_batch"], "epochs": spec["ddp_epochs"]}, nproc=2, name="ddp")
+        settings = {**spec["train_settings"], "data": spec["data_small"], "batch": spec["ddp_batch"], "epochs": spec["ddp_epochs"], "val": False}
+        metrics = model.train(**settings, nproc=2, name="ddp")
     except Exception as error:
         result.add(error_row(config, error))
         return
@@ -198,7 +156,7 @@ def export_part(spec: dict, result: Result) -> None:
     if not weights or not Path(weights).is_file():
         result.add({"config": "format=onnx", "status": "skipped", "note": f"no best.pt from the train part ({weights})"})
         return
-    common = dict(data=spec["data"], imgsz=spec["imgsz"], batch=spec["batch"], device=spec["device"], plots=False,
+    common = dict(data=spec["data_small"], imgsz=spec["imgsz"], batch=spec["batch"], device=spec["device"], plots=False,
                   project=str(Path(spec["out"]) / "runs"), exist_ok=True)
     try:
         torch_map = YOLO(weights).val(**common, name="val_pt")["metrics/mAP50-95(B)"]
@@ -229,8 +187,10 @@ def engine_row(onnx_path: str, spec: dict) -> dict:
         return error_row("format=engine", error)
 
 
-PARTS = {"train": lambda spec, result: train_rows(spec, result, error_row), "loader": loader_part,
-         "ultralytics": lambda spec, result: ultralytics_rows(spec, result, error_row), "ddp": ddp_part, "export": export_part}
+PARTS = {"train": lambda spec, result: train_rows(spec, result, error_row),
+         "loader": lambda spec, result: our_loader_rows(spec, result, error_row),
+         "ultralytics": lambda spec, result: ultralytics_rows(spec, result, error_row),
+         "augment": lambda spec, result: augment_part(spec, result, error_row), "ddp": ddp_part, "export": export_part}
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.nn import build_model
 from yolo_cb.settings.config import get_config
 

@@ -21,6 +21,12 @@ def pytest_configure(config):
     one two threads wait on each other at every parallel region (measured: tests/test_training_control.py and
     tests/test_lr_schedule.py beside two busy processes, 130 s with two threads, 57 s with one)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Byte-code is cached for every process of the suite (these machines set PYTHONDONTWRITEBYTECODE=1, and `make venv`
+    # installs torch without compiling it): without the cache each test process compiled the modules it imports again,
+    # 8.3 CPU-s for `import yolo_cb.model, torchvision` against 3.5 s with it (measured on a busy AMD EPYC, Zen 4), and
+    # more for the processes that import mlflow, OpenVINO or optuna. The .pyc files land in .venv and __pycache__/.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     # comet_ml, once imported (tests/test_integration_trackers.py), patches mlflow for the rest of the process and writes
     # .cometml-runs/ into the working directory whenever a later test logs to MLflow (yolo_cb's Comet integration does
     # the same for users, see integrations/comet.py: import_comet)
@@ -127,8 +133,8 @@ def _shared_root(tmp_path_factory, worker_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_copy(tmp_path_factory, shapes_dir, worker_id):
-    """trained_copy(dest, **settings) -> dest/<run>: a copy of the run folder of a tiny training (TINY on 32 / 16 shapes
-    images, with `settings` over it), trained once per test run whichever process asks first, under a file lock, in a
+    """trained_copy(dest, n_train=32, n_val=16, **settings) -> dest/<run>: a copy of the run folder of a tiny training
+    (TINY on the first n_train / n_val shapes images, with `settings` over it; its data YAML is args.yaml's data), trained once per test run whichever process asks first, under a file lock, in a
     folder keyed by the settings. For tests that need *a* trained model (to validate, predict, export, resume or
     craft); a test about how a model is trained keeps its own training. Each caller gets its own copy to write into."""
     import hashlib
@@ -140,14 +146,14 @@ def trained_copy(tmp_path_factory, shapes_dir, worker_id):
     root = _shared_root(tmp_path_factory, worker_id)
     root.mkdir(parents=True, exist_ok=True)
 
-    def get(dest: Path, **settings) -> Path:
+    def get(dest: Path, n_train: int = 32, n_val: int = 16, **settings) -> Path:
         run = {**TINY, "name": "run", **settings}
-        key = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps([run, n_train, n_val], sort_keys=True, default=str).encode()).hexdigest()[:16]
         folder = root / key
         with FileLock(str(root / f"{key}.lock")):
             if not (folder / "done").is_file():
                 shutil.rmtree(folder, ignore_errors=True)
-                data = _small_shapes_yaml(folder / "data", shapes_dir)
+                data = _small_shapes_yaml(folder / "data", shapes_dir, n_train, n_val)
                 from yolo_cb import YOLO
 
                 YOLO(run.pop("model")).train(**run, data=str(data), project=str(folder / "runs"))
@@ -159,11 +165,12 @@ def trained_copy(tmp_path_factory, shapes_dir, worker_id):
     return get
 
 
-def _small_shapes_yaml(folder: Path, shapes_dir: Path) -> Path:
-    """32 train / 16 val shapes images listed in place (the shapes_small_yaml subset), and the data YAML naming them."""
+def _small_shapes_yaml(folder: Path, shapes_dir: Path, n_train: int = 32, n_val: int = 16) -> Path:
+    """The first n_train / n_val shapes images listed in place (32 / 16: the shapes_small_yaml subset), and the data YAML
+    naming them."""
     folder.mkdir(parents=True, exist_ok=True)
-    train = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:32]
-    val = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[:16]
+    train = sorted((shapes_dir / "images" / "train").glob("*.jpg"))[:n_train]
+    val = sorted((shapes_dir / "images" / "val").glob("*.jpg"))[:n_val]
     (folder / "train.txt").write_text("\n".join(map(str, train)) + "\n")
     (folder / "val.txt").write_text("\n".join(map(str, val)) + "\n")
     path = folder / "shapes_small.yaml"

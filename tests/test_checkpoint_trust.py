@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_resume_safety import SMALL, cli, kv, write_data
+from test_resume_safety import SMALL, cli
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
@@ -18,13 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shapes_dir) -> tuple[Path, Path]:
-    """(last.pt of a finished one-epoch run, its data YAML), made once for the module."""
-    root = tmp_path_factory.mktemp("trust")
-    data = write_data(root / "data", shapes_dir)
-    done = cli(root, *kv({**SMALL, "data": data, "epochs": 1, "project": root / "runs", "name": "base"}))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root / "runs" / "base" / "weights" / "last.pt", data
+def trained(tmp_path_factory, trained_copy) -> tuple[Path, Path]:
+    """(last.pt of a finished one-epoch yolocb-n run on 8 / 4 images (the CLI default model), its data YAML), trained once per test run (conftest)."""
+    run = trained_copy(tmp_path_factory.mktemp("trust"), n_train=8, n_val=4, **SMALL, model="yolocb-n.yaml", epochs=1, name="base")
+    return run / "weights" / "last.pt", Path(yaml.safe_load((run / "args.yaml").read_text())["data"])
 
 
 def craft(trained: Path, folder: Path, **train_args) -> Path:

@@ -67,7 +67,7 @@ def test_missing_data_lists_where_it_looked(tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"mosaic": 1.5}, "fraction in \\[0, 1\\]"),
     ({"optimizer": "sgdd"}, "one of SGD"),
-    ({"imgsz": 100}, "multiple of 32"),
+    ({"imgsz": 8200}, "<= 8192"),
     ({"epochs": 0}, "integer >= 1"),
     ({"amp": "maybe"}, "true or false"),
     ({"lr0": -1}, "> 0"),
@@ -90,8 +90,8 @@ def test_coercion_from_strings_and_cfg_file(tmp_path):
 
 def test_run_dirs_increment(tmp_path):
     assert increment_path(tmp_path / "exp").name == "exp"
-    assert increment_path(tmp_path / "exp").name == "exp2"
-    assert increment_path(tmp_path / "exp").name == "exp3"
+    assert increment_path(tmp_path / "exp").name == "exp-2"
+    assert increment_path(tmp_path / "exp").name == "exp-3"
     assert increment_path(tmp_path / "exp", exist_ok=True).name == "exp"
 
 

@@ -26,7 +26,7 @@ from yolo_cb import YOLO
 from yolo_cb.data import verify
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.download import safe_extract
-from yolo_cb.data.loader import build_dataloader
+from yolo_cb.data.loading.loader import build_dataloader
 from yolo_cb.data.resolve import check_data
 from yolo_cb.errors import UserError
 from yolo_cb.utils.files import atomic_write_bytes, atomic_write_text

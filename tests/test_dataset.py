@@ -15,7 +15,7 @@ from shared_data import SHARED
 
 from yolo_cb.data import verify
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.data.loader import build_dataloader
+from yolo_cb.data.loading.loader import build_dataloader
 from yolo_cb.utils.paths import DEFAULT_CFG
 
 SHARED_SHAPES = SHARED / "datasets" / "shapes"

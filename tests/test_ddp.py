@@ -97,7 +97,7 @@ def test_torchrun_module_entry(tiny, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "runs" / "exp" / "weights" / "best.pt").is_file()
-    assert not (tmp_path / "runs" / "exp2").exists()  # rank 1 did not make a run dir of its own
+    assert not (tmp_path / "runs" / "exp-2").exists()  # rank 1 did not make a run dir of its own
     assert "sync_bn=True needs CUDA" in proc.stdout + proc.stderr  # on CPU: a clear warning, plain BatchNorm
 
 

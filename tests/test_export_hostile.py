@@ -204,7 +204,9 @@ def test_broken_onnx_file_is_one_line(good_export, tmp_path, kind, mode):
     bad.write_bytes({"empty": b"", "truncated": good[: len(good) // 2], "text": b"this is not a model\n" * 20}[kind])
     image = tmp_path / "img.jpg"
     cv2.imwrite(str(image), np.full((64, 64, 3), 127, np.uint8))
-    extra = [f"source={image}"] if mode == "predict" else [f"data={tmp_path / 'no_data.yaml'}"]
+    data = tmp_path / "data.yaml"  # a well-formed YAML: the CLI refuses a missing or malformed one first, before any model loads
+    data.write_text(f"path: {tmp_path}\ntrain: images\nval: images\nnames: [a, b]\n")
+    extra = [f"source={image}"] if mode == "predict" else [f"data={data}"]
     result = cli([mode, f"model={bad}", *extra, f"project={tmp_path / 'runs'}"], tmp_path)
     assert_one_line(result, f"model={bad}", "ONNX", "export it again")
 

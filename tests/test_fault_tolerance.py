@@ -140,7 +140,7 @@ def test_kill_9_of_a_worker_under_torchrun_restart_ends_with_the_uninterrupted_w
 
 
 def test_skip_next_draws_the_same_order_and_loads_only_the_rest():
-    from yolo_cb.data.loader import YOLODataLoader
+    from yolo_cb.data.loading.loader import YOLODataLoader
 
     loaded = []
 
@@ -149,8 +149,8 @@ def test_skip_next_draws_the_same_order_and_loads_only_the_rest():
             loaded.append(i)
             return i
 
-    loader = YOLODataLoader(Recording(range(10)), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1))
-    loader.base_seed = 7
+    loader = YOLODataLoader(Recording(range(10)), batch_size=3, shuffle=True, base_seed=7, span_epochs=True,
+                            collate=torch.utils.data.default_collate)
     loader.set_epoch(2)
     full = [b.tolist() for b in loader]
     loaded.clear()

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders, collate_fn
+from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset, close_loaders, collate_fn
 from yolo_cb.utils.paths import DEFAULT_CFG
 
 COLOURS = [(0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255)]  # BGR, far from the grey padding

@@ -244,7 +244,7 @@ def test_nc_without_names_names_the_classes(tmp_path, coco8_dir, caplog):
     assert len(said) == 1 and "nc: 4" in said[0], caplog.text
     for bad in ("0", "abc", "2.5"):
         data.write_text(f"train: images/train\nval: images/train\nnc: {bad}\n")
-        with pytest.raises(DatasetConfigError, match=f"{data}: 'nc' must be the number of classes"):
+        with pytest.raises(DatasetConfigError, match=f"{data}: 'nc' is .*; it must be the number of classes"):
             check_data(data, datasets_dir=str(tmp_path / "dd"))
 
 

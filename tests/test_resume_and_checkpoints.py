@@ -26,13 +26,14 @@ def rows(path: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in csv.DictReader(f)]  # wall times differ
 
 
-def test_resume_is_exact(tiny, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])  # 2: the workers' draws come from per-sample seeds, not from a worker's RNG
+def test_resume_is_exact(tiny, tmp_path, workers):
     straight = YOLO("yolox-nano.yaml")
-    straight.train(**{**tiny, **EXACT, "epochs": 2, "name": "straight"})
+    straight.train(**{**tiny, **EXACT, "workers": workers, "epochs": 2, "name": "straight"})
 
     first = YOLO("yolox-nano.yaml")
     first.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", True))
-    first.train(**{**tiny, **EXACT, "epochs": 2, "name": "split"})
+    first.train(**{**tiny, **EXACT, "workers": workers, "epochs": 2, "name": "split"})
     last = tmp_path / "runs" / "split" / "weights" / "last.pt"
     assert load_checkpoint(last).epoch == 0
     YOLO("yolox-nano.yaml").train(resume=str(last))

@@ -127,7 +127,7 @@ def test_checkpoint_outside_its_run_folder_resumes_into_a_new_run(tmp_path, data
     assert second.returncode == 0, out[-3000:]
     assert (tmp_path / "args.yaml").read_bytes() == before_args
     assert snapshot(tmp_path / "somewhere") == before_outside and snapshot(runs / "exp") == before_run
-    new = runs / "exp2"
+    new = runs / "exp-2"
     assert "new run folder" in out and str(new) in out
     assert load_checkpoint(new / "weights" / "last.pt").epoch == 1 and (new / "weights" / "best.pt").is_file()
     assert epochs_in(new / "results.csv") == [1, 2] and (new / "args.yaml").is_file()

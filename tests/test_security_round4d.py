@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from test_data_safety import snapshot
 
-from yolo_cb.data.loader import build_yolo_dataset
+from yolo_cb.data.loading.loader import build_yolo_dataset
 from yolo_cb.data.resolve import check_data
 from yolo_cb.settings.config import get_config
 

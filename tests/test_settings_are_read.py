@@ -33,7 +33,7 @@ def read_pattern(key: str) -> str:
 
 
 # settings that take effect while the settings are resolved, by their kind's function in config.py (checked below)
-ACT_WHEN_RESOLVED = {"callback_modules": "importlib.import_module(name)"}  # imported before callbacks= is checked
+ACT_WHEN_RESOLVED = {"callback_modules": "import_user_module(name)"}  # imported before callbacks= is checked
 
 
 def unread_keys(default_yaml: Path, source: str) -> list[str]:

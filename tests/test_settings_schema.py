@@ -42,8 +42,9 @@ def test_the_defaults_resolve_to_themselves():
 
 def test_a_rule_checks_what_it_says():
     assert coerce("imgsz", "64") == 64
-    with pytest.raises(ConfigError, match="a multiple of 32"):
-        coerce("imgsz", 33)
+    assert coerce("imgsz", 33) == 64  # rounded up to the stride, with a warning, as Ultralytics
+    with pytest.raises(ConfigError, match="<= 8192"):
+        coerce("imgsz", 8193)
     with pytest.raises(ConfigError, match=r"a fraction in \(0, 1\]"):
         coerce("fraction", 0)
     assert coerce("cache", True) == "ram" and coerce("cache", None) is False

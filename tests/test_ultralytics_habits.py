@@ -154,7 +154,7 @@ def test_run_folders_are_runs_detect_train_and_increment(trained, tmp_path, monk
     from yolo_cb.utils.files import run_dir
 
     monkeypatch.chdir(tmp_path)
-    assert [run_dir(get_config({}), "train").as_posix() for _ in range(3)] == ["runs/detect/train", "runs/detect/train2", "runs/detect/train3"]
+    assert [run_dir(get_config({}), "train").as_posix() for _ in range(3)] == ["runs/detect/train", "runs/detect/train-2", "runs/detect/train-3"]
     assert run_dir(get_config({"project": "p", "name": "n"}), "val").as_posix() == "p/n"
 
 

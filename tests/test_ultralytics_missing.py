@@ -137,7 +137,7 @@ def test_predict_and_val_augment(trained, tmp_path):
     with pytest.raises(Exception, match="augment=True .* needs a PyTorch model") as refused:
         onnx.predict(trained["images"], augment=True, imgsz=64)
     assert "\n" not in str(refused.value)
-    with pytest.raises(Exception, match="augment=True is a predict / val setting; train does not read it"):
+    with pytest.raises(Exception, match="augment=True is a predict / track / val setting; train does not read it"):
         YOLO("yolocb-n.yaml").train(**{**QUICK, "data": trained["data"], "project": str(tmp_path / "r")}, augment=True)
 
 

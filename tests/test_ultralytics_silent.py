@@ -173,7 +173,7 @@ def test_model_device_ckpt_path_fuse_to_and_predictor(trained):
     with torch.no_grad():
         before = model.model.eval()(image)
         batchnorms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.model.modules())
-        assert model.fuse() is None and batchnorms > 0
+        assert model.fuse() is model and batchnorms > 0  # Ultralytics returns the model (issue #61)
         assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.model.modules()) == 0  # folded into the convolutions
         assert torch.allclose(model.model(image), before, rtol=1e-3, atol=1e-4)  # the same function
 

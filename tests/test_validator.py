@@ -191,7 +191,7 @@ class Oracle(nn.Module):
 
 def test_oracle_predictions_match_pycocotools(tmp_path, coco8_data):
     pytest.importorskip("pycocotools")
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
 
     args = args_for(tmp_path, coco8_data, save_json=True, split="val")
@@ -233,7 +233,7 @@ def test_static_export_uses_square_letterbox_and_fixed_batch(tmp_path, coco8_dat
 
 
 def test_trainer_mode_reports_val_losses_and_restores_train_mode(tmp_path, coco8_data):
-    from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
 
     args = args_for(tmp_path, coco8_data, plots=True)

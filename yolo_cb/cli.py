@@ -12,23 +12,31 @@ import re
 import sys
 from collections.abc import Iterator
 
+from yolo_cb.assembly.assemble import build_trainer_callbacks
+from yolo_cb.cli_info import checks, copy_cfg
+from yolo_cb.data.check import check_dataset, format_report
+from yolo_cb.data.convert import convert
+from yolo_cb.data.dataset_yaml import read_dataset
 from yolo_cb.errors import UserError
 from yolo_cb.settings.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
 from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.settings.user import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import printable, setup_logging
+from yolo_cb.utils.paths import DEFAULT_MODEL
+from yolo_cb.utils.signal_stack import signal_deadline
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
 
-MODES = ("train", "val", "predict", "export", "tune", "benchmark")
+MODES = ("train", "val", "predict", "track", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
 DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
+DATA_MODES = ("train", "val", "tune", "benchmark")  # the modes whose run resolves data= (export reads it for int8 only)
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
 
 Usage:
-  yolo-cb MODE key=value ...      MODE is one of: train val predict export tune benchmark
+  yolo-cb MODE key=value ...      MODE is one of: train val predict track export tune benchmark
   yolo-cb cfg                     every setting with its default and meaning
   yolo-cb callbacks [key=value]   the callbacks a training with these settings runs, per event, in firing order
   yolo-cb settings [key=value]    your own defaults for the integrations (mlflow=False comet=True ...); `reset` clears them
@@ -137,6 +145,25 @@ def refuse_missing_inputs(mode: str, overrides: dict[str, str]) -> None:
                          f"source=path/to/images")
 
 
+def refuse_bad_data(mode: str, args) -> None:
+    """At once, before torch is imported: the data YAML that this mode's run resolves, checked as far as the file itself
+    decides (found, parsed, its keys, names, nc, category_ids and the form of its splits: data/dataset_yaml.py). Whether
+    its images are there is the run's to say: its download:, generate: or an on_pretrain_routine_start callback may
+    still bring them."""
+    if mode in DATA_MODES and args.data:
+        read_dataset(args.data, args.datasets_dir)
+
+
+def callbacks_table(args, overrides: dict[str, str]) -> str:
+    """`yolo-cb callbacks`: the callbacks `yolo-cb train` with these settings runs, per event in firing order, built
+    without torch. A checkpoint named as the model is read (and refused) by the facade first, which loads torch."""
+    if str(args.model or "").endswith((".pt", ".pth")):
+        from yolo_cb.model import YOLO  # the facade loads torch: only for a checkpoint named as the model
+
+        return YOLO(args.model).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table()
+    return build_trainer_callbacks(get_config({**overrides, "model": args.model or DEFAULT_MODEL, "mode": "train"})).table()
+
+
 def print_settings() -> None:
     for key, default, comment in describe_settings():
         if key == "#":
@@ -192,12 +219,8 @@ def data_command(argv: list[str]) -> None:
         raise UsageError(f"{'data check' if command == 'data' else command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
     setup_logging()
     if command == "convert":
-        from yolo_cb.data.convert import convert
-
         print(f"wrote {convert(values['source'], values['format'].lower(), values['out'], values.get('names'))}")
         return
-    from yolo_cb.data.check import check_dataset, format_report
-
     report = format_report(*check_dataset(values["data"], values.get("datasets_dir") or None))
     print("\n".join(printable(line) for line in report.splitlines()))  # class names come from the user's files
 
@@ -232,27 +255,26 @@ def run(argv: list[str]) -> object:
         print_settings()
         return None
     if mode in ("checks", "copy-cfg"):
-        from yolo_cb.cli_info import checks, copy_cfg
-
         return checks() if mode == "checks" else copy_cfg()
     refuse_missing_inputs(mode, overrides)
     if mode == "train" and names_a_resume(overrides.get("resume")):  # resume= a path, true or auto
         return resume_from_cli(overrides)
     args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
     setup_logging(verbose=args.verbose)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO  # the one lazy import: help, cfg and bad settings answer before torch loads
-    if mode == "callbacks":  # the callbacks `yolo-cb train` with these settings runs, per event in firing order
-        print(YOLO(args.model or DEFAULT_MODEL).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table())
+    if mode == "callbacks":
+        print(callbacks_table(args, overrides))
         return None
+    refuse_bad_data(mode, args)
+    from yolo_cb.model import DEFAULT_MODEL, YOLO  # help, cfg, callbacks and bad settings or data answer before torch loads
 
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "benchmark":
-        from yolo_cb.export.benchmark import benchmark
+        from yolo_cb.export.benchmark import benchmark  # it loads torch (and the exporter): only for `yolo-cb benchmark`
 
-        return benchmark(args)
-    if mode == "predict":  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
-        return drain(model.run_predict(kwargs.pop("source", None), True, kwargs, save=True))
+        return benchmark(args, format=overrides.get("format"))  # format= as given (args.format holds the export default)
+    if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
+        return drain(model.run_predict(kwargs.pop("source", None), True, {**kwargs, "mode": mode}, save=True))
     if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
         return model.train(**kwargs, _resolved=args)
     call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
@@ -275,19 +297,20 @@ def user_error(error: BaseException) -> BaseException | None:
     User errors: UsageError, every yolo_cb.errors.UserError (ConfigError, DataError, CheckpointError, WriteError),
     FileNotFoundError, a refused unsafe checkpoint, and any of those raised inside a callback or a step of the loop
     (a full disk met while the saver writes)."""
+    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.dispatch"), "CallbackError", ())  # first: it also has the original's type
+    if callback_error and isinstance(error, callback_error):
+        return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')") if user_error(error.error) else None
     unsafe = getattr(sys.modules.get("yolo_cb.checkpoints.checkpoint"), "UnsafeCheckpointError", ())
     if isinstance(error, (UsageError, UserError, FileNotFoundError, *((unsafe,) if unsafe else ()))):
         return error
-    callback_error = getattr(sys.modules.get("yolo_cb.callbacks.dispatch"), "CallbackError", ())
-    if callback_error and isinstance(error, callback_error) and user_error(error.error) is not None:
-        return RuntimeError(f"{error.error} (in callback '{error.callback_name}', event '{error.event}')")
     return None
 
 
 def entrypoint(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        run(argv)
+        with signal_deadline(past_block=True):  # after Ctrl-C / SIGTERM the process ends within seconds, stuck or not
+            run(argv)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:  # e.g. `yolo-cb cfg | head`

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo_cb.confusion_table import ConfusionTable
 from yolo_cb.nn.boxes import box_iou  # noqa: F401  (metrics.box_iou: the IoU matrix AP matching uses)
 from yolo_cb.utils.plotting import plot_confusion_matrix
 
@@ -287,10 +288,10 @@ class DetMetrics:
                  "mAP50": float(self.ap[c, 0]), "mAP50-95": float(self.ap[c].mean())} for c in self.classes_with_gt]
 
 
-class ConfusionMatrix:
+class ConfusionMatrix(ConfusionTable):
     """(nc + 1) x (nc + 1) counts, rows = predicted class, columns = true class; index nc = background.
 
-    Ultralytics' rules: detections with score > conf (0.25) are matched class-agnostically to GT with IoU > iou_thres
+    summary() / to_csv() / to_json() / to_df(): yolo_cb/confusion_table.py. Ultralytics' rules: detections with score > conf (0.25) are matched class-agnostically to GT with IoU > iou_thres
     (0.45), each GT and each detection at most once (highest IoU first). A matched pair adds to [pred, true];
     an unmatched GT to [background, true]; an unmatched detection to [pred, background].
     """

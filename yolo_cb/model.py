@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from yolo_cb.assembly.assemble import apply_declarations, build_trainer_callbacks
 from yolo_cb.assembly.builtin import LOOP_STEPS
 from yolo_cb.callbacks.dispatch import Callbacks
@@ -29,9 +27,9 @@ from yolo_cb.evaluation.validator import Validator
 from yolo_cb.export.exporter import Exporter
 from yolo_cb.model_habits import ModelHabits
 from yolo_cb.nn import build_model
-from yolo_cb.nn.summary import log_summary, model_info
 from yolo_cb.prediction.backend import load_backend
-from yolo_cb.prediction.predictor import PREDICT_BATCH, Predictor
+from yolo_cb.prediction.predictor import PREDICT_BATCH
+from yolo_cb.prediction.tracking import TRACK_CONF
 from yolo_cb.settings.config import Config, ConfigError, callback_declarations, coerce, get_config
 from yolo_cb.training.launch import launch_ddp
 from yolo_cb.training.plan import plan_run
@@ -64,7 +62,10 @@ def checkpoint_defaults(source: str) -> dict[str, Any]:
 class YOLO(ModelHabits):
     """Train / val / predict / export a YOLOX detector; `add_callback` and friends register user callbacks."""
 
-    def __init__(self, model: str | Path | None = DEFAULT_MODEL):
+    def __init__(self, model: str | Path | None = DEFAULT_MODEL, task: str | None = None):
+        """task=: Ultralytics' argument; "detect" (or None) is the only task here, any other is refused in one line."""
+        if task not in (None, "detect"):
+            raise ConfigError(f"task={task!r}: yolo-cb only detects (task='detect'); {task} models are Ultralytics'")
         self.source = str(model) if model is not None else None
         self.model_named = model is not None and not isinstance(model, _DefaultModel)  # resume refuses a named model not its own
         self.callbacks = Callbacks()
@@ -161,15 +162,6 @@ class YOLO(ModelHabits):
             return {int(k): str(v) for k, v in self.trainer.data["names"].items()}
         return {int(k): str(v) for k, v in self.model.names.items()}
 
-    def info(self, verbose: bool = True, imgsz: int = 640) -> tuple[int, int, int, float]:
-        """(layers, parameters, trainable parameters, GFLOPs at imgsz), as Ultralytics' model.info(); verbose logs one line."""
-        module = self.model
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"info() needs a PyTorch model; {self.source} is an exported file ({type(module).__name__})")
-        info = log_summary(module, imgsz) if verbose else model_info(module, imgsz)
-        gradients = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        return info["layers"], info["params"], gradients, info["gflops"]
-
     # --- modes ----------------------------------------------------------------------------
     def train(self, **kwargs) -> DetectionMetrics:
         """Train (or resume, with resume=True / resume=path); returns the final metrics (a dict with Ultralytics'
@@ -228,12 +220,14 @@ class YOLO(ModelHabits):
         """predict() with `save` as the default of save= (False from Python, True from the CLI)."""
 
         kwargs = self._fetch_named_weights(kwargs)
-        args = get_config({**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": "predict", "model": kwargs.get("model", self.source)},
-                          base={"save": save, "batch": PREDICT_BATCH})
-        model = self._mode_model(args, kwargs)
-        self._require_weights("predict", model)
+        mode = kwargs.pop("mode", "predict")  # "track" from track() and `yolo-cb track`
+        overrides = {**{k: v for k, v in self.overrides.items() if k == "imgsz"}, **kwargs, "mode": mode, "model": kwargs.get("model", self.source)}
+        args = self._call_settings(overrides, lambda: get_config(overrides, base={"save": save, "batch": PREDICT_BATCH,
+                                                                                  **({"conf": TRACK_CONF} if mode == "track" else {})}), save)
         setup_logging(args.verbose)
-        predictor = self.predictor = Predictor(args, callbacks=self._engine_callbacks(args))
+        predictor, model = self._reused_predictor(args, kwargs, self._engine_callbacks(args))
+        if model is not None:
+            self._require_weights(mode, model)
         return predictor(source=source if source is not None else args.source, model=model, stream=stream)
 
     def export(self, **kwargs) -> str:

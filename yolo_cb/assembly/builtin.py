@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from yolo_cb.callbacks.registry import register_callback
-from yolo_cb.data.loader import batch_shape
+from yolo_cb.data.batch import batch_shape
 from yolo_cb.recipe.unfreeze import parse_stages
 from yolo_cb.settings.lr_settings import resolve
 from yolo_cb.utils.log import LOGGER

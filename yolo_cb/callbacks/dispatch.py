@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from yolo_cb.callbacks.callback_error import CallbackError
 from yolo_cb.callbacks.event_list import EventCallbacks
 from yolo_cb.callbacks.events import EVENTS, FOREIGN_EVENTS, event_hint
 from yolo_cb.callbacks.order import EVERY, ORIGINS, Entry, callback_name, names_of, resolve, short_name
@@ -25,15 +26,6 @@ ON_ERROR = ("raise", "warn", "disable")
 # Events fired while an error is already propagating: a callback failing there is logged, the others still run,
 # and the original error is the one raised (it would otherwise be replaced by the callback's).
 NEVER_RAISE = ("on_exception",)
-
-
-class CallbackError(RuntimeError):
-    """A callback raised; the message names the callback and the event, the cause is chained."""
-
-    def __init__(self, callback_name: str, event: str, error: BaseException, where: str = ""):
-        self.callback_name, self.event, self.error = callback_name, event, error
-        place = f" ({where})" if where and where != callback_name else ""
-        super().__init__(f"callback '{callback_name}'{place} failed in event '{event}': {type(error).__name__}: {error}")
 
 
 def check_event(event: str) -> str:
@@ -219,7 +211,7 @@ class Callbacks:
             LOGGER.error(f"ERROR callback '{entry.name}' failed in '{event}' ({message}); the error being handled is kept and re-raised")
             return
         if entry.on_error == "raise":
-            raise CallbackError(entry.name, event, error, entry.where) from error
+            raise CallbackError.of(entry.name, event, error, entry.where) from error
         if entry.on_error == "disable":
             self.disable(entry, f"failed in {event}: {message}")
             LOGGER.warning(f"WARNING callback '{entry.name}' failed in '{event}' ({message}); it is switched off, training goes on")

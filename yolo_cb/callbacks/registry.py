@@ -14,6 +14,8 @@ plus its setting's line in cfg/default.yaml. Nothing else names it.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +137,17 @@ def resolve_alias(name: str, kwargs: dict | None) -> tuple[str, dict | None]:
     return ours, {renames[k]: v for k, v in (kwargs or {}).items()}
 
 
+def import_user_module(name: str) -> Any:
+    """importlib.import_module(name) for a module the user named (callbacks=, modules=), with the working directory on the
+    import path, as `python -m` and `python -c` have it and the `yolo-cb` script does not: `yolo-cb train
+    callbacks=mypkg.cbs:fn` run beside mypkg/ finds it. The directory is appended (installed packages keep precedence) and
+    stays, so that the module's own later imports work too."""
+    here = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
+        sys.path.append(here)
+    return importlib.import_module(name)
+
+
 def import_object(path: str) -> Any:
     """'package.module:attr' (or 'package.module.attr') -> the attribute; ValueError naming what is wrong (with the
     registered names that look alike, of those registered so far)."""
@@ -145,7 +158,7 @@ def import_object(path: str) -> Any:
         raise ValueError(f"callback '{path}' is neither a registered name nor an import path 'module:attr'.{did_you_mean(path, REGISTRY)}"
                          f" Registered: {', '.join(sorted(REGISTRY))}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ImportError as error:
         raise ValueError(f"callback '{path}': cannot import module '{module_name}' ({error}).{did_you_mean(path, REGISTRY)}") from error
     except Exception as error:  # the module itself fails (SyntaxError, an error raised at import): the user's code, named

@@ -25,7 +25,7 @@ import torch
 
 from yolo_cb import nn as detectors  # build_model read at call time (tests wrap it)
 from yolo_cb.checkpoints import megvii
-from yolo_cb.checkpoints.fields import check_fields
+from yolo_cb.checkpoints.fields import check_fields, check_tensors
 from yolo_cb.errors import CheckpointError, os_reason, short_repr
 from yolo_cb.utils.files import atomic_write_bytes
 from yolo_cb.utils.log import LOGGER
@@ -201,6 +201,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if isinstance(error, OSError) and not isinstance(error, zipfile.BadZipFile) and error.errno is not None:
             raise CheckpointError(f"cannot read checkpoint '{path}': {os_reason(error)}") from error
         raise CheckpointError(f"cannot read checkpoint '{path}' (truncated, or not a torch file?): {str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
+    check_tensors(ckpt, path)  # before anything copies one: a meta tensor, or a stride-0 view of 10^10 values on 4 bytes
     if not isinstance(ckpt, dict) or not ("model" in ckpt or "ema" in ckpt) or "model_cfg" not in ckpt:
         if megvii.is_megvii_checkpoint(ckpt):  # Megvii's official YOLOX file: converted in memory (docs/pretrained.md)
             return Checkpoint.from_dict(megvii.convert(ckpt, path), path)

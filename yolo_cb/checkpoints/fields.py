@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from yolo_cb.errors import CheckpointError
+from yolo_cb.utils.files import size_text
+from yolo_cb.utils.log import printable
 
 MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng", "loss")  # plain mappings
 INTEGERS = ("epoch", "epochs", "ema_updates", "last_opt_step", "best_epoch", "metrics_epoch", "epoch_batches", "world_size",
@@ -26,6 +28,37 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
     problem = _first_problem(ckpt)
     if problem is not None:
         raise CheckpointError(f"checkpoint '{path}' is damaged or was not written by yolo-cb: {problem}")
+
+
+def check_tensors(loaded: Any, path: Path) -> None:
+    """CheckpointError naming `path` and the first tensor anywhere in `loaded` that holds no values of its own: one on the
+    meta device (a shape, no data: copying it raised NotImplementedError), or a view needing more values than its stored
+    bytes (torch.save keeps an expanded, stride-0 view as its one stored element: 4 bytes that stood for 10^10 values,
+    and the checksum's copy of it asked for 40 GB). Nothing is copied or allocated to find out."""
+    stack: list[tuple[Any, str]] = [(loaded, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, torch.Tensor):
+            problem = _tensor_problem(value)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint '{path}' is damaged or was not written by yolo-cb: tensor "
+                                      f"'{printable(where)[:120]}' {problem}; use another checkpoint")
+        elif isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _tensor_problem(tensor: torch.Tensor) -> str | None:
+    if tensor.is_meta:
+        return "is on the meta device: it has a shape and no values"
+    if tensor.layout != torch.strided:
+        return f"is a {tensor.layout} tensor; a checkpoint holds dense tensors"
+    needed, stored = tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()
+    if needed > stored:
+        return (f"is a view of {tensor.numel():,} values ({size_text(needed)}) on {size_text(stored)} of stored data (an expanded, "
+                f"stride-0 or overlapping view): a checkpoint's tensors hold each of their values")
+    return None
 
 
 def _first_problem(ckpt: dict[str, Any]) -> str | None:

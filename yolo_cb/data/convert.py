@@ -16,6 +16,7 @@ label met, sorted); the other splits are matched to them by name.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -143,12 +144,23 @@ def _write_all(splits: dict[str, Split], text: str, out: Path) -> Path:
         for name, split in splits.items():
             write_split(split, tmp, name)
         atomic_write_text(tmp / "data.yaml", text)
-        if out.is_dir():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
+        _claim(tmp, out)
     except OSError as error:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise write_error(error, out, "the converted dataset") from None
     LOGGER.info(f"wrote {out / 'data.yaml'}")
     return out / "data.yaml"
+
+
+def _claim(tmp: Path, out: Path) -> None:
+    """Rename the finished `tmp` to `out` (replacing an empty folder there): of two converts into one folder at once, the
+    first rename wins and the other is a DataError, one line, its own temp folder removed; what the first wrote is kept."""
+    try:
+        os.rename(tmp, out)  # POSIX: replaces an empty folder, fails on one that holds files
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"out={out}: another process wrote it while this convert ran (it is no longer an empty folder); "
+                        f"its dataset is kept and this one was not written: name a new folder") from None

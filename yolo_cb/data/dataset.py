@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from yolo_cb.data.npy_cache import load_npy, npy_path, npy_valid, save_npy
-from yolo_cb.data.transforms import build_transforms
+from yolo_cb.data.recent import RecentImages
+from yolo_cb.data.transforms import MixUp, Mosaic, build_transforms
 from yolo_cb.data.verify import folder_is_writable, imread, list_image_files, load_labels
 from yolo_cb.errors import os_reason
 from yolo_cb.utils.memory import available_memory
@@ -33,6 +34,14 @@ def normalise_cache_mode(cache) -> str | None:
     raise ValueError(f"cache={cache!r} is not one of false, ram, disk")
 
 
+def keep_classes(labels: list[dict], classes) -> None:
+    """Drop, in place, every box whose class is not in `classes` (an image left with none trains as background)."""
+    wanted = np.asarray([classes] if isinstance(classes, int) else list(classes), dtype=np.int64)
+    for label in labels:
+        keep = np.isin(label["cls"].reshape(-1).astype(np.int64), wanted)
+        label["cls"], label["bboxes"] = label["cls"][keep], label["bboxes"][keep]
+
+
 class YOLODataset(torch.utils.data.Dataset):
     """Detection dataset over ``img_path`` (folder, .txt list, or a list of those).
 
@@ -42,7 +51,7 @@ class YOLODataset(torch.utils.data.Dataset):
     translate, scale, shear, fliplr, flipud, hsv_h, hsv_s, hsv_v).
     A sample (``dataset[i]``) is a dict: ``img`` uint8 tensor (3, H, W) RGB, ``cls`` (n,) int64,
     ``bboxes`` (n, 4) float32 ``cx cy w h`` in pixels of ``img``, ``im_file``, ``ori_shape``
-    (h0, w0) and ``ratio_pad`` (ratio, (pad_w, pad_h)); :func:`yolo_cb.data.loader.collate_fn`
+    (h0, w0) and ``ratio_pad`` (ratio, (pad_w, pad_h)); :func:`yolo_cb.data.loading.loader.collate_fn`
     batches them.
     """
 
@@ -53,7 +62,9 @@ class YOLODataset(torch.utils.data.Dataset):
         self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.batch_size, self.stride, self.prefix = int(batch_size), int(stride), prefix
-        self.mosaic_closed = False
+        self.mosaic_closed = False  # the final no-augmentation stage is on (close_mosaic)
+        self.partners: np.ndarray | None = None  # while a loader task is made: the indices its mosaic partners come from
+        self.recent: RecentImages | None = None  # images decoded a moment ago (keep_decoded; a training loader's pool)
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction={fraction} must be in (0, 1]")
         im_files = list_image_files(img_path, prefix)
@@ -66,6 +77,8 @@ class YOLODataset(torch.utils.data.Dataset):
         self.labels, self.report = load_labels(im_files, len(self.names), prefix, save_cache=self.write_caches, datasets_dir=datasets_dir)
         if not self.labels:
             raise FileNotFoundError(f"{prefix}no usable image in {img_path} ({len(im_files)} found, all skipped: see the warning above)")
+        if getattr(hyp, "classes", None) is not None:  # classes=[...]: only those classes' boxes, as Ultralytics (images stay)
+            keep_classes(self.labels, hyp.classes)
         if getattr(hyp, "single_cls", False):  # every class is class 0, 'item' (checked above against the YAML's names)
             for label in self.labels:
                 label["cls"] = np.zeros_like(label["cls"])
@@ -129,10 +142,25 @@ class YOLODataset(torch.utils.data.Dataset):
         return img
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
-        """The image (BGR, long side imgsz) and its original (h0, w0)."""
+        """The image (BGR, long side imgsz) and its original (h0, w0): cached, decoded a moment ago, or decoded now."""
+        shape = self.labels[i]["shape"]
         if self.ims[i] is not None:
-            return self.ims[i], self.labels[i]["shape"]
-        return self._resize(self._read(i)), self.labels[i]["shape"]
+            return self.ims[i], shape
+        img = self.recent.get(i) if self.recent is not None else None
+        if img is None:
+            img = self._resize(self._read(i))
+            if self.recent is not None:
+                self.recent.put(i, img)
+        return img, shape
+
+    def keep_decoded(self, count: int) -> None:
+        """Keep the last `count` images decoded (within recent.MAX_BYTES) for mosaic partners; not with cache=ram."""
+        self.recent = RecentImages(count) if count > 0 and self.cache_mode != "ram" else None
+
+    @property
+    def draws_partners(self) -> bool:
+        """Whether samples draw mosaic / mixup partners (then the loader gives each batch a pool of them)."""
+        return any(isinstance(t, (Mosaic, MixUp)) and t.p > 0 for t in self.transforms)
 
     def cache_images(self):
         """Decode (and resize) every image once: into RAM, or as .npy beside each image for 'disk'."""
@@ -217,6 +245,30 @@ class YOLODataset(torch.utils.data.Dataset):
         return sample
 
     def __getitem__(self, i: int) -> dict:
+        """Sample i, augmented with numpy's global RNG as it stands; ``img`` a contiguous (3, H, W) tensor."""
+        sample = self._make(i)
+        sample["img"] = sample["img"].contiguous()
+        return sample
+
+    def loader_item(self, i: int, partners: np.ndarray | None, closed: bool) -> dict:
+        """Sample i as a loader task asks for it (numpy's RNG already seeded for it): mosaic / mixup partners drawn from
+        `partners` (None: any image), the final stage on when `closed`. ``img`` is a (3, H, W) view of an (H, W, 3)
+        array: the channels_last layout, which collate copies as it is."""
+        if closed and not self.mosaic_closed:
+            self.close_mosaic()  # a worker's copy of the dataset: the stage switch comes with the task
+        self.partners = partners
+        try:
+            return self._make(i)
+        finally:
+            self.partners = None
+
+    def draw_partners(self, n: int) -> np.ndarray:
+        """`n` dataset indices for mosaic / mixup: from the current task's pool, else from every image."""
+        if self.partners is None:
+            return np.random.randint(0, len(self), n)
+        return self.partners[np.random.randint(0, len(self.partners), n)]
+
+    def _make(self, i: int) -> dict:
         sample = self.get_image_and_label(i)
         for t in self.transforms:
             sample = t(sample)
@@ -224,12 +276,12 @@ class YOLODataset(torch.utils.data.Dataset):
 
     @staticmethod
     def format(sample: dict) -> dict:
-        """To the batchable form: RGB CHW uint8 tensor; boxes as pixel cx cy w h."""
-        img = np.ascontiguousarray(sample["img"][..., ::-1].transpose(2, 0, 1))
+        """To the batchable form: RGB uint8 tensor (3, H, W) over an (H, W, 3) array; boxes as pixel cx cy w h."""
+        img = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2RGB)
         b = sample["bboxes"].reshape(-1, 4)
         xywh = np.stack([(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]], 1)
         return {
-            "img": torch.from_numpy(img), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
+            "img": torch.from_numpy(img).permute(2, 0, 1), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
             "bboxes": torch.from_numpy(xywh.astype(np.float32)), "im_file": sample["im_file"],
             "ori_shape": tuple(sample["ori_shape"]), "ratio_pad": sample["ratio_pad"], "mosaic": bool(sample["mosaic"]),
         }

@@ -12,10 +12,9 @@ A missing label file means a background image.
 
 from __future__ import annotations
 
-import os
-import stat
-
 import numpy as np
+
+from yolo_cb.utils.files import LABEL_FILE, FileRefused, read_bounded_text
 
 COORD_TOLERANCE = 0.01  # box corners may leave [0, 1] by this much (fraction of the image) and are clipped
 ROUNDING = 1e-4  # excursions this small come from rounded coordinates: clipped without a note
@@ -23,22 +22,8 @@ BOX_COLUMNS = 5  # class cx cy w h
 MIN_POLYGON_COLUMNS = 7  # class and 3 points
 
 
-class NotARegularFile(OSError):
-    """A label path that names a folder, a FIFO, a device or a socket."""
-
-
 class BadRow(ValueError):
     """A label line that makes its whole file untrustworthy; the text says which line and why."""
-
-
-def read_regular_text(path: str) -> str:
-    """The text of the regular file `path` (a byte order mark, from Windows editors, is not data); NotARegularFile for
-    anything else. O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and is refused unread."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile(path)
-        return f.read().decode("utf-8-sig")
 
 
 def is_polygon(columns: int) -> bool:
@@ -79,12 +64,12 @@ def verify_label(lb_file: str, nc: int) -> dict:
     (the reason, or None) and ``polygons`` (how many rows were polygons, boxed)."""
     out = {"labels": np.zeros((0, 5), np.float32), "notes": [], "missing": False, "corrupt": None, "polygons": 0}
     try:
-        text = read_regular_text(lb_file)
+        text = read_bounded_text(lb_file, LABEL_FILE)  # O_NONBLOCK: a FIFO is refused at once, never waited on
     except FileNotFoundError:
         out["missing"] = True
         return out
-    except NotARegularFile:
-        out["corrupt"] = "is not a regular file (a folder, FIFO, device or socket)"
+    except FileRefused as refused:  # a folder, FIFO, device or socket, or more bytes than any label file holds
+        out["corrupt"] = refused.reason.split(";")[0]
         return out
     except (OSError, UnicodeDecodeError) as e:
         out["corrupt"] = f"unreadable ({e})"

@@ -1,14 +1,8 @@
 """Dataset YAML resolution: find the YAML, the dataset root and its splits; download or generate when absent.
 
-A dataset YAML (Ultralytics-compatible)::
-
-    path: coco8                # dataset root: absolute, or relative (to the working directory, next to the YAML, then datasets_dir)
-    train: images/train        # folder(s) or .txt list(s), relative to path
-    val: images/val            # several validation sets: a list of paths (named by stem) or {name: path}
-    test:                      # optional
-    names: {0: person, ...}    # or a list; left out: `nc: 4` names them class_0 ... class_3 (as Ultralytics)
-    download: https://.../coco8.zip   # optional: archive fetched when the images are missing
-    generate: {kind: shapes, seed: 0, train: 320, val: 100}  # optional: synthetic data made when missing
+The YAML's form (its keys, names, splits) is read and checked by yolo_cb/data/dataset_yaml.py, without looking for
+images; here the root is found among the places it may be, and the images are downloaded (``download:``) or generated
+(``generate:``) when they are missing.
 
 Downloads, extraction and generation write only under ``datasets_dir``: a root outside it (an absolute
 ``path:``, one that climbs out with ``..``, or the YAML's own folder when there is no ``path:``) is used
@@ -19,134 +13,52 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
-from typing import Any
 
+from yolo_cb.data.data_yaml import GenerateSpec, check_category_ids, read_data_yaml
+from yolo_cb.data.dataset_yaml import (
+    SPLIT_KEYS,
+    DatasetConfigError,
+    DatasetYaml,
+    category_ids,
+    names_missing,
+    read_dataset,
+    split_paths,
+    val_sets,
+)
 from yolo_cb.data.download import download_dataset, is_url
 from yolo_cb.data.formats.cache import materialise, source_kind
 from yolo_cb.data.formats.coco import coco_names
 from yolo_cb.data.formats.voc import split_list, voc_class_names
-from yolo_cb.data.synthetic import generate_shapes
+from yolo_cb.data.synthetic import estimated_bytes, generate_shapes
 from yolo_cb.errors import DataError, short_repr
+from yolo_cb.utils.files import existing, size_text
+from yolo_cb.utils.log import printable
 from yolo_cb.utils.paths import find_dataset_cfg
-from yolo_cb.utils.yaml_safe import load_yaml
 
 LOGGER = logging.getLogger("yolo_cb")
-
-SPLIT_KEYS = ("train", "val", "test")
-
-
-class DatasetConfigError(DataError):
-    """A dataset YAML that is missing a key or has a value of the wrong kind."""
-
-
-def resolve_datasets_dir(datasets_dir: str | os.PathLike | None = None) -> Path:
-    """``datasets_dir`` if given, else ``$YOLO_CB_DATASETS``, else ``./datasets`` in the working directory."""
-    chosen = datasets_dir or os.environ.get("YOLO_CB_DATASETS") or Path.cwd() / "datasets"
-    setting = f"datasets_dir={datasets_dir}" if datasets_dir else "YOLO_CB_DATASETS" if os.environ.get("YOLO_CB_DATASETS") else "datasets_dir"
-    return resolved(Path(chosen).expanduser(), setting)
-
-
-def resolved(path: Path, setting: str) -> Path:
-    """``path.resolve()``, or a DatasetConfigError naming ``setting`` when it cannot be resolved (a symbolic link loop)."""
-    try:
-        return path.resolve()
-    except (RuntimeError, OSError) as error:  # RuntimeError: Python < 3.13 on a symlink loop; OSError (ELOOP) after
-        raise DatasetConfigError(f"{setting}: {path} cannot be resolved ({error}); a symbolic link in it points back at "
-                                 f"itself: fix or remove the link") from None
-
-
-def _class_id(key) -> int | None:
-    """A names key as a class id: an int, or text or a float that is exactly an integer (never 1.5 -> 1, never a bool)."""
-    if isinstance(key, bool):
-        return None
-    if isinstance(key, int):
-        return key
-    if isinstance(key, float):
-        return int(key) if key.is_integer() else None
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    return None
-
-
-def parse_names(raw, yaml_file: Path) -> dict[int, str]:
-    """``names`` as a list or a {id: name} dict -> {0: name, 1: name, ...} (ids must be 0..nc-1)."""
-    if isinstance(raw, (list, tuple)):
-        names = {i: str(n) for i, n in enumerate(raw)}
-    elif isinstance(raw, dict):
-        bad = [k for k in raw if _class_id(k) is None]
-        if bad:
-            raise DatasetConfigError(f"{yaml_file}: 'names' keys must be integer class ids (0, 1, ...), got {short_repr(bad[0])}; "
-                                     f"number the classes 0..{len(raw) - 1}")
-        names = {_class_id(k): str(v) for k, v in raw.items()}
-    else:
-        raise DatasetConfigError(f"{yaml_file}: 'names' must be a list or an {{id: name}} mapping, got {type(raw).__name__}")
-    if not names:
-        raise DatasetConfigError(f"{yaml_file}: 'names' is empty; list the class names")
-    if sorted(names) != list(range(len(names))):
-        raise DatasetConfigError(f"{yaml_file}: 'names' ids must be 0..{len(names) - 1} without gaps, got {sorted(names)}; "
-                                 f"number the classes 0..{len(names) - 1} (and the class ids in the label files with them)")
-    return dict(sorted(names.items()))
-
-
-def _split_paths(value, root: Path, key: str, yaml_file: Path) -> list[str] | None:
-    if value is None or value == "":
-        return None
-    items = value if isinstance(value, (list, tuple)) else [value]
-    if not all(isinstance(v, (str, os.PathLike)) for v in items):
-        raise DatasetConfigError(f"{yaml_file}: '{key}' must be a path or a list of paths, got {short_repr(value)}")
-    return [str(p if (p := Path(v).expanduser()).is_absolute() else resolved(root / p, f"{yaml_file}: '{key}: {v}'")) for v in items]
 
 
 def _missing(cfg: dict, root: Path, yaml_file: Path) -> list[str]:
     """The train/val paths that do not exist under ``root``."""
     out = []
     for key in ("train", "val"):
-        values = _val_sets(cfg, yaml_file).values() if key == "val" else [cfg.get(key)]
+        values = val_sets(cfg, yaml_file).values() if key == "val" else [cfg.get(key)]
         for value in values:
-            out += [p for p in _split_paths(value, root, key, yaml_file) or [] if not Path(p).exists()]
+            out += [p for p in split_paths(value, root, key, yaml_file) or [] if not Path(p).exists()]
     return out
 
 
-def _val_sets(cfg: dict, yaml_file: Path) -> dict[str, Any]:
-    """`val:` as {name: split}: a mapping names several validation sets (each validated on its own, its metrics prefixed
-    with its name), and so does a list of two or more paths, each set named by its path's stem (`list_set_names`); a
-    path (or a list of one) is one set, "val". Unlike Ultralytics, which joins a list into one set: one combined set
-    is one path, a .txt file listing the images of every folder."""
-    value = cfg.get("val")
-    if isinstance(value, (list, tuple)) and len(value) > 1:
-        return dict(zip(list_set_names(value), value, strict=True))
-    if not isinstance(value, dict):
-        return {"val": value}
-    bad = [k for k in value if not isinstance(k, str) or not k or "/" in k]
-    if not value or bad:
-        raise DatasetConfigError(f"{yaml_file}: 'val' as a mapping names validation sets {{name: path}}; "
-                                 f"{'it is empty' if not value else f'{bad[0]!r} is not a name (text without /)'}")
-    return dict(value)
-
-
-def list_set_names(paths: list | tuple) -> list[str]:
-    """The name of each set of a `val:` list: its path's stem (images/val_day -> val_day, night.txt -> night); a stem
-    met before gets _2, _3, ... in list order (a/val, b/val -> val, val_2)."""
-    names: list[str] = []
-    for path in paths:
-        stem = Path(str(path)).stem or "val"
-        name, n = stem, 1
-        while name in names:
-            n += 1
-            name = f"{stem}_{n}"
-        names.append(name)
-    return names
-
-
-def _generate(spec, target: Path, yaml_file: Path) -> None:
-    spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
-    kind = spec.pop("kind", "shapes")
-    if kind != "shapes":
-        raise DatasetConfigError(f"{yaml_file}: 'generate' kind '{kind}' is unknown (known: shapes)")
-    n_train, n_val = int(spec.pop("train", 320)), int(spec.pop("val", 100))
+def _generate(spec: GenerateSpec, target: Path, yaml_file: Path) -> None:
+    """Make the synthetic set `spec` describes in `target`, once the disk has room for it (one line when it has not)."""
+    need, free = estimated_bytes(spec.images(), spec.max_size), shutil.disk_usage(existing(target.parent)).free
+    if need > free:
+        raise DatasetConfigError(f"{printable(yaml_file)}: 'generate' asks for {spec.images():,} images, up to {size_text(need)}, and "
+                                 f"{existing(target.parent)} has {size_text(free)} free; free some space, or ask for fewer images")
     LOGGER.info(f"{yaml_file.name}: generating the synthetic shapes dataset in {target}")
-    generate_shapes(target, n_train=n_train, n_val=n_val, **spec)
+    generate_shapes(target, n_train=spec.train, n_val=spec.val, seed=spec.seed, min_size=spec.min_size,
+                    max_size=spec.max_size, max_objects=spec.max_objects, jpeg_quality=spec.jpeg_quality)
 
 
 def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action: str) -> None:
@@ -163,7 +75,7 @@ def check_inside_datasets_dir(target: Path, ddir: Path, yaml_file: Path, action:
 def missing_split_error(yaml_file: str | Path, split: str) -> DatasetConfigError:
     """The error for split=<split> when the data YAML gives no such split: it names the YAML and the keys it has."""
     try:
-        keys = ", ".join(str(k) for k in (load_yaml(yaml_file, DatasetConfigError, "dataset YAML") or {}))
+        keys = ", ".join(printable(k)[:40] for k in read_data_yaml(Path(yaml_file)).written)
     except DataError:
         keys = "?"
     return DatasetConfigError(f"split={split}: the dataset YAML {yaml_file} has no '{split}' split (its keys: {keys}); add a "
@@ -189,25 +101,27 @@ def check_data(data: str | os.PathLike, datasets_dir: str | None = None, downloa
     FileNotFoundError listing every place looked.
     """
 
-    yaml_file = find_dataset_cfg(str(data)).resolve()
-    cfg, names = _read_dataset_yaml(yaml_file)
-    ddir = resolve_datasets_dir(datasets_dir)
-    places = _candidate_roots(cfg, yaml_file, ddir)
-    if names is None and not _names_in_source(cfg, places, yaml_file):
-        names = numbered_names(cfg, yaml_file)
-    root = next((p for p, _ in places if not _missing(cfg, p, yaml_file)), None)
+    found = read_dataset(data, datasets_dir)  # every refusal the YAML itself decides, before any image is looked for
+    cfg, yaml_file = found.cfg, found.yaml_file
+    root = next((p for p, _ in found.places if not _missing(cfg, p, yaml_file)), None)
     failure = ""
     if root is None and download:
-        root, failure = _fetch_missing(cfg, places[-1][0], ddir, yaml_file)
+        root, failure = _fetch_missing(found, found.places[-1][0])
     if root is None:
-        looked = "\n".join(f"  {p}  ({why})" for p, why in places)
-        wanted = ", ".join(f"{k}: {cfg[k]}" for k in ("train", "val"))
-        raise FileNotFoundError(
-            f"{yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
-            f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {ddir}), "
-            f"or set 'path:' in {yaml_file.name} to the dataset root."
-        )
-    return _resolved_dataset(cfg, names, root, yaml_file, ddir)
+        raise images_not_found(found, failure)
+    return _resolved_dataset(found, root)
+
+
+def images_not_found(found: DatasetYaml, failure: str) -> FileNotFoundError:
+    """The error for a dataset whose images are in none of the places its root may be (`failure`: why a download or the
+    generation did not bring them)."""
+    looked = "\n".join(f"  {p}  ({why})" for p, why in found.places)
+    wanted = ", ".join(f"{k}: {short_repr(found.cfg[k])}" for k in ("train", "val"))
+    return FileNotFoundError(
+        f"{found.yaml_file}: dataset images not found ({wanted}). Looked for them under:\n{looked}{failure}\n"
+        f"Fix: put the dataset in one of those folders, pass datasets_dir=... (or set YOLO_CB_DATASETS; now {found.ddir}), "
+        f"or set 'path:' in {found.yaml_file.name} to the dataset root."
+    )
 
 
 def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int] | None]:
@@ -226,90 +140,25 @@ def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int
     raise names_missing(yaml_file)
 
 
-def names_missing(yaml_file: Path) -> DatasetConfigError:
-    return DatasetConfigError(f"{yaml_file}: required key 'names' is missing or empty; add it, e.g. 'names: [cat, dog]', or "
-                              f"give the number of classes, e.g. 'nc: 2' (named class_0, class_1); only a COCO JSON or a VOC "
-                              f"train split gives the names itself")
-
-
-def _nc(cfg: dict, yaml_file: Path) -> int | None:
-    """The YAML's `nc:` (the number of classes) as a positive integer; None when not given."""
-    raw = cfg.get("nc")
-    if raw is None:
-        return None
-    nc = _class_id(raw)
-    if nc is None or nc < 1:
-        raise DatasetConfigError(f"{yaml_file}: 'nc' must be the number of classes (a whole number of 1 or more), got {short_repr(raw)}")
-    return nc
-
-
-def numbered_names(cfg: dict, yaml_file: Path) -> dict[int, str]:
-    """The names of a YAML with `nc:` and no `names:`: class_0 ... class_{nc-1}, as Ultralytics names them (said in
-    one line); without `nc:` either, the names_missing error."""
-    nc = _nc(cfg, yaml_file)
-    if nc is None:
-        raise names_missing(yaml_file)
-    LOGGER.info(f"{yaml_file.name}: no 'names', 'nc: {nc}': the classes are named class_0 ... class_{nc - 1} (as Ultralytics "
-                f"names them); add 'names:' to name them")
-    return {i: f"class_{i}" for i in range(nc)}
-
-
-def _names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
-    """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
-    return any(source_kind(p) for root, _ in places for p in _split_paths(cfg.get("train"), root, "train", yaml_file) or [])
-
-
-def _read_dataset_yaml(yaml_file: Path) -> tuple[dict, dict[int, str] | None]:
-    """The YAML's mapping and its names, with the required keys checked (one line naming the key and an example)."""
-    cfg = load_yaml(yaml_file, DatasetConfigError, "dataset YAML")
-    if not isinstance(cfg, dict):
-        raise DatasetConfigError(f"{yaml_file}: expected a mapping with train/val/names keys")
-    for key in ("train", "val", "names"):
-        if key == "names" and cfg.get(key) in (None, "", [], {}):
-            return cfg, None  # a COCO JSON / VOC train split gives them once the root is known, else the error is raised then
-        if cfg.get(key) in (None, "", [], {}):
-            example = {"train": "images/train", "val": "images/val", "names": "[cat, dog]"}[key]
-            raise DatasetConfigError(f"{yaml_file}: required key '{key}' is missing or empty; add it, e.g. '{key}: {example}'")
-    names = parse_names(cfg["names"], yaml_file)
-    if _nc(cfg, yaml_file) not in (None, len(names)):
-        raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but 'names' has {len(names)} entries")
-    return cfg, names
-
-
-def _candidate_roots(cfg: dict, yaml_file: Path, ddir: Path) -> list[tuple[Path, str]]:
-    """Where the dataset root may be, each with why it is looked at, in the order Ultralytics looks."""
-    raw_path = cfg.get("path")
-    yaml_dir = yaml_file.parent
-    if raw_path in (None, ""):
-        places = [(yaml_dir, "the YAML's folder (no 'path:' key)")]
-    elif Path(str(raw_path)).expanduser().is_absolute():
-        places = [(Path(str(raw_path)).expanduser(), "'path:' in the YAML")]
-    else:  # Ultralytics resolves a relative path: from the working directory; then next to the YAML, then datasets_dir
-        places = [(Path.cwd() / str(raw_path), "relative to the working directory"), (yaml_dir / str(raw_path), "next to the YAML"),
-                  (ddir / str(raw_path), "under datasets_dir")]
-    return [(resolved(p, f"{yaml_file}: 'path: {raw_path}'" if raw_path else f"{yaml_file}: its folder"), why) for p, why in places]
-
-
-def _fetch_missing(cfg: dict, target: Path, ddir: Path, yaml_file: Path) -> tuple[Path | None, str]:
+def _fetch_missing(found: DatasetYaml, target: Path) -> tuple[Path | None, str]:
     """(root, why not): download (``download:``) or generate (``generate:``) the dataset into `target`, inside datasets_dir."""
-    downloads = cfg.get("download")
-    downloads = [downloads] if isinstance(downloads, str) else list(downloads or [])
-    if not (downloads or cfg.get("generate")):
+    spec, yaml_file = found.typed, found.yaml_file
+    if not (spec.download or spec.generate):
         return None, ""
-    check_inside_datasets_dir(target, ddir, yaml_file, "downloads" if downloads else "generates")
-    if downloads:
-        failure = _download_all(downloads, target, yaml_file)
+    check_inside_datasets_dir(target, found.ddir, yaml_file, "downloads" if spec.download else "generates")
+    if spec.download:
+        failure = _download_all(spec.download, target, yaml_file)
         if failure:
             return None, failure
     else:
-        _generate(cfg["generate"], target, yaml_file)
-    if not _missing(cfg, target, yaml_file):
+        _generate(spec.generate, target, yaml_file)
+    if not _missing(found.cfg, target, yaml_file):
         return target, ""
-    return None, (f"\nAfter {'downloading' if downloads else 'generating'} into {target.parent}, these are still missing: "
-                  f"{_missing(cfg, target, yaml_file)}")
+    return None, (f"\nAfter {'downloading' if spec.download else 'generating'} into {target.parent}, these are still missing: "
+                  f"{short_repr(_missing(found.cfg, target, yaml_file), 300)}")
 
 
-def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
+def _download_all(urls: tuple[str, ...], target: Path, yaml_file: Path) -> str:
     """Download each archive into target's folder; '' or the first failure (an unsafe archive raises DataError)."""
 
     for url in urls:
@@ -324,46 +173,43 @@ def _download_all(urls: list, target: Path, yaml_file: Path) -> str:
     return ""
 
 
-def _resolved_dataset(cfg: dict, names: dict[int, str] | None, root: Path, yaml_file: Path, ddir: Path) -> dict:
+def _resolved_dataset(found: DatasetYaml, root: Path) -> dict:
     """The data dict: yaml_file, path, the splits as absolute paths, names, nc, and category_ids when given.
 
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
     (data/formats/cache.py); without `names:` the train split's categories are the names. A COCO JSON inside the root
     that `path:` gives has that root as its dataset root (coco.coco_root); without `path:` its own."""
+    cfg, names, yaml_file, ddir = found.cfg, found.names, found.yaml_file, found.ddir
     out = {"yaml_file": str(yaml_file), "path": str(root)}
     given_root = root if cfg.get("path") not in (None, "") else None  # never the YAML's folder: it may be a home folder
-    category_ids = None
+    source_ids = None
     if names is None:
-        names, category_ids = _source_names({"train": _split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
-        if _nc(cfg, yaml_file) not in (None, len(names)):
+        names, source_ids = _source_names({"train": split_paths(cfg.get("train"), root, "train", yaml_file)}, yaml_file)
+        check_category_ids(found.typed, len(names))
+        if found.typed.nc not in (None, len(names)):
             raise DatasetConfigError(f"{yaml_file}: 'nc' is {cfg['nc']} but the train split's annotations give {len(names)} "
                                      f"classes; correct nc or leave it out")
 
     def split(value, key):  # one path as a string, a list as a list of strings (as Ultralytics' data dict)
-        paths = [materialise(p, key.split(":")[0], names, ddir, given_root) for p in _split_paths(value, root, key, yaml_file) or []] or None
+        paths = [materialise(p, key.split(":")[0], names, ddir, given_root) for p in split_paths(value, root, key, yaml_file) or []] or None
         return paths[0] if paths and not isinstance(value, (list, tuple)) else paths
 
     for key in SPLIT_KEYS:
         out[key] = split(cfg.get(key), key) if key != "val" else None
-    out["val_sets"] = {name: split(value, f"val: {name}") for name, value in _val_sets(cfg, yaml_file).items()}
+    out["val_sets"] = {name: split(value, f"val: {name}") for name, value in val_sets(cfg, yaml_file).items()}
     out["val"] = next(iter(out["val_sets"].values()))  # the first set: what a single-set reader of data["val"] gets
     out["val_named"] = isinstance(cfg.get("val"), dict)  # a {name: path} mapping (fingerprints of version 1 counted its first set)
     out["names"], out["nc"] = names, len(names)
-    if cfg.get("category_ids") is not None:
-        ids = cfg["category_ids"]
-        if not isinstance(ids, (list, tuple)) or len(ids) != len(names):
-            raise DatasetConfigError(f"{yaml_file}: 'category_ids' must be a list of {len(names)} ids (one per name)")
-        out["category_ids"] = [int(i) for i in ids]
-    elif category_ids is not None:
-        out["category_ids"] = category_ids
+    ids = category_ids(found.typed)
+    if ids is not None or source_ids is not None:
+        out["category_ids"] = ids if ids is not None else source_ids
     return out
 
 
 def require_local(data: str, datasets_dir: str | None, recorded_in: str) -> None:
     """DataError, one line, when the dataset a file records (a checkpoint's data=) is not on this machine: a setting read
     from a file never starts a download (a checkpoint's data=coco8.yaml made val create ./datasets and fetch it)."""
-    cfg, _ = _read_dataset_yaml(find_dataset_cfg(str(data)).resolve())
-    if not cfg.get("download"):
+    if not read_data_yaml(find_dataset_cfg(str(data)).resolve()).download:
         return  # nothing it could fetch (a synthetic set is generated locally, as for any run)
     try:
         check_data(data, datasets_dir, download=False)

@@ -15,17 +15,28 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 LOGGER = logging.getLogger("yolo_cb")
 
 SHAPE_NAMES = ("circle", "rectangle", "triangle", "cross")
 SPLITS = ("train", "val")
+MIN_SIZE, MAX_SIZE = 200, 420  # default image height/width range, pixels
+MAX_OBJECTS = 6  # default: up to this many shapes per image
+JPEG_QUALITY = 90  # default JPEG quality
+# A noisy shapes JPEG holds at most this fraction of its raw bytes (measured at 420 px: 0.11 at quality 90, 0.39 at 100)
+JPEG_FRACTION = 0.5
+FILE_OVERHEAD = 8192  # bytes per image beyond its JPEG: its label file, and both files' last file-system blocks
+
+
+def estimated_bytes(images: int, max_size: int) -> int:
+    """An upper estimate of the disk space `images` generated images of at most max_size x max_size pixels take."""
+    return images * (int(max_size * max_size * 3 * JPEG_FRACTION) + FILE_OVERHEAD)
 
 
 def cluttered_background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A two-colour linear gradient at a random angle, Gaussian noise and a few random lines."""
+    import cv2  # here: reading a data YAML's generate: settings loads no OpenCV (yolo_cb/data/data_yaml.py)
     c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     angle = rng.uniform(0, 2 * math.pi)
     ramp = np.cos(angle) * np.arange(w, dtype=np.float32)[None, :] + np.sin(angle) * np.arange(h, dtype=np.float32)[:, None]
@@ -48,6 +59,7 @@ def _rotated(points: np.ndarray, angle: float, cx: float, cy: float) -> np.ndarr
 
 def shape_mask(kind: str, h: int, w: int, cx: float, cy: float, size: float, rng: np.random.Generator) -> np.ndarray:
     """A uint8 mask (h, w) of one filled shape of about ``size`` pixels centred at (cx, cy)."""
+    import cv2  # here: reading a data YAML's generate: settings loads no OpenCV (yolo_cb/data/data_yaml.py)
     mask = np.zeros((h, w), np.uint8)
     if kind == "circle":
         aspect = rng.uniform(0.85, 1.15)  # nearly round
@@ -118,13 +130,14 @@ def make_shapes_image(rng: np.random.Generator, min_size: int, max_size: int, ma
     return img, labels
 
 
-def generate_shapes(root, n_train: int, n_val: int, seed: int = 0, min_size: int = 200, max_size: int = 420,
-                    max_objects: int = 6, names=SHAPE_NAMES, jpeg_quality: int = 90) -> Path:
+def generate_shapes(root, n_train: int, n_val: int, seed: int = 0, min_size: int = MIN_SIZE, max_size: int = MAX_SIZE,
+                    max_objects: int = MAX_OBJECTS, names=SHAPE_NAMES, jpeg_quality: int = JPEG_QUALITY) -> Path:
     """Write ``images/{train,val}/*.jpg``, ``labels/{train,val}/*.txt`` and ``data.yaml`` under ``root``.
 
     Built in a temporary sibling folder and renamed into place at the end, so an interrupted run
     never leaves a half dataset behind. Returns the path of ``data.yaml``.
     """
+    import cv2  # here: reading a data YAML's generate: settings loads no OpenCV (yolo_cb/data/data_yaml.py)
     import yaml
     from tqdm import tqdm
 

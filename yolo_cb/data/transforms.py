@@ -11,7 +11,8 @@ Every transform is a small callable on a *sample*, a dict with:
   back to the original image with ``(xy - pad) / ratio``; ``mosaic`` (bool).
 
 Transforms that are switched off for the final no-augmentation stage have ``close()``.
-Randomness comes from ``numpy.random`` (seeded per loader worker).
+Randomness comes from ``numpy.random``, which the loader seeds for each sample (data/loading/stream.py); mosaic and mixup
+draw their partners with ``dataset.draw_partners``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Mosaic:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
         s = self.imgsz
-        others = np.random.randint(0, len(self.dataset), 3)
+        others = self.dataset.draw_partners(3)
         parts = [sample] + [self.dataset.get_image_and_label(int(i)) for i in others]
         xc, yc = (int(np.random.uniform(0.5 * s, 1.5 * s)) for _ in range(2))
         canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, dtype=np.uint8)
@@ -118,26 +119,30 @@ class Mosaic:
 
 
 class RandomAffine:
-    """Random rotation/scale/shear/translation into an s x s output, with one ``cv2.warpAffine``.
+    """Random rotation/scale/shear/translation (and perspective) into an s x s output, with one ``cv2.warpAffine``
+    (``cv2.warpPerspective`` when ``perspective`` > 0).
 
     The input (a mosaic canvas or a single image whose long side is s) is centred, transformed
     about its centre, and placed at the output centre +/- ``translate``. Boxes are mapped by
-    their 4 corners, clipped, and filtered with :func:`box_candidates`. Perspective is off.
+    their 4 corners, clipped, and filtered with :func:`box_candidates`. ``perspective``: the
+    +/- range of the two projective terms, as Ultralytics' (0 to 0.001).
     """
 
-    def __init__(self, imgsz: int, degrees=0.0, translate=0.1, scale=0.5, shear=0.0):
+    def __init__(self, imgsz: int, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0):
         self.imgsz = imgsz
-        self.degrees, self.translate, self.scale, self.shear = degrees, translate, scale, shear
+        self.degrees, self.translate, self.scale, self.shear, self.perspective = degrees, translate, scale, shear, perspective
         self.enabled = True
 
     def close(self):
         self.enabled = False
 
     def matrix(self, h: int, w: int) -> tuple[np.ndarray, float]:
-        """The 3x3 affine matrix for an h x w input, and its scale gain."""
+        """The 3x3 matrix (affine unless perspective > 0) for an h x w input, and its scale gain."""
         s = self.imgsz
         centre = np.eye(3)
         centre[:2, 2] = -w / 2, -h / 2
+        if self.perspective:  # drawn only when on: a run without it keeps its random sequence
+            centre = np.array([[1, 0, 0], [0, 1, 0], np.random.uniform(-self.perspective, self.perspective, 2).tolist() + [1]]) @ centre
         angle = np.random.uniform(-self.degrees, self.degrees)
         gain = np.random.uniform(1 - self.scale, 1 + self.scale)
         rotate = np.eye(3)
@@ -156,13 +161,17 @@ class RandomAffine:
         s = self.imgsz
         img = sample["img"]
         m, gain = self.matrix(*img.shape[:2])
-        img = cv2.warpAffine(img, m[:2], dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+        if self.perspective:
+            img = cv2.warpPerspective(img, m, dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+        else:
+            img = cv2.warpAffine(img, m[:2], dsize=(s, s), flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
         boxes = sample["bboxes"]
         n = len(boxes)
         if n:
             corners = np.ones((n * 4, 3), dtype=np.float32)
             corners[:, :2] = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)  # x1y1 x2y2 x1y2 x2y1
-            xy = (corners @ m[:2].T.astype(np.float32)).reshape(n, 8)
+            mapped = corners @ m.T.astype(np.float32)
+            xy = (mapped[:, :2] / mapped[:, 2:3] if self.perspective else mapped[:, :2]).reshape(n, 8)
             xs, ys = xy[:, 0::2], xy[:, 1::2]
             boxes = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1).clip(0, s).astype(np.float32)
         areas = sample["areas"] * gain * gain
@@ -185,7 +194,7 @@ class MixUp:
     def __call__(self, sample: dict) -> dict:
         if self.p <= 0 or np.random.rand() >= self.p:
             return sample
-        other = self.dataset.get_image_and_label(int(np.random.randint(0, len(self.dataset))))
+        other = self.dataset.get_image_and_label(int(self.dataset.draw_partners(1)[0]))
         for t in self.pre_transforms:
             other = t(other)
         if other["img"].shape != sample["img"].shape:
@@ -209,12 +218,13 @@ class RandomHSV:
             return sample
         r = np.random.uniform(-1, 1, 3) * self.gains + 1
         x = np.arange(256, dtype=np.float64)
-        lut_h = np.mod(x * r[0], 180).astype(np.uint8)
-        lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
-        lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
-        h, s, v = cv2.split(cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV))
-        hsv = cv2.merge((cv2.LUT(h, lut_h), cv2.LUT(s, lut_s), cv2.LUT(v, lut_v)))
-        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR))
+        lut = np.empty((256, 1, 3), dtype=np.uint8)  # one table per channel, applied in one pass (no split / merge)
+        lut[:, 0, 0] = np.mod(x * r[0], 180).astype(np.uint8)
+        lut[:, 0, 1] = np.clip(x * r[1], 0, 255).astype(np.uint8)
+        lut[:, 0, 2] = np.clip(x * r[2], 0, 255).astype(np.uint8)
+        hsv = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2HSV)
+        cv2.LUT(hsv, lut, dst=hsv)
+        return dict(sample, img=cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=hsv))
 
 
 class RandomFlip:
@@ -271,7 +281,8 @@ def build_transforms(dataset, imgsz: int, hyp, augment: bool, rect: bool = False
         return [LetterBox(imgsz, scaleup=False)]
     geometric = not rect
     mosaic = Mosaic(dataset, imgsz, p=float(hyp.mosaic) if geometric else 0.0)
-    affine = RandomAffine(imgsz, float(hyp.degrees), float(hyp.translate), float(hyp.scale), float(hyp.shear))
+    affine = RandomAffine(imgsz, float(hyp.degrees), float(hyp.translate), float(hyp.scale), float(hyp.shear),
+                          float(getattr(hyp, "perspective", 0.0)))
     if not geometric:
         affine.close()
     mixup = MixUp(dataset, [mosaic, affine], p=float(hyp.mixup) if geometric else 0.0)

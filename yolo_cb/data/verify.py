@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo_cb.data.label_file import polygons_boxed, read_regular_text, verify_label
+from yolo_cb.data.label_file import polygons_boxed, verify_label
 from yolo_cb.data.npy_cache import cache_home, cache_place
-from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.errors import DataError, os_reason
+from yolo_cb.utils.files import LABEL_CACHE, LIST_FILE, atomic_write_text, read_bounded_text, require_regular
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -63,17 +64,30 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
             suffixes = IMG_SUFFIXES | UNSUPPORTED_IMG_SUFFIXES
             found = [f for f in p.rglob("*") if f.suffix.lower() in suffixes and not f.is_dir()]
             files += sorted(str(f) for f in without_special_files(found, prefix))
-        elif p.is_file() and p.suffix.lower() == ".txt":
-            for line in p.read_text(encoding="utf-8").splitlines():
+        elif p.suffix.lower() == ".txt" and p.exists():  # a FIFO or a device too: refused by name, never waited on
+            for line in _list_text(p, prefix).splitlines():
                 line = line.strip()
                 if line:
                     f = Path(line).expanduser()
                     files.append(str(f if f.is_absolute() else (p.parent / f).resolve()))
         elif p.is_file():
             files.append(str(p))
+        elif p.exists():
+            require_regular(p, "split")  # a FIFO, a device: refused by name, never waited on
         else:
             raise FileNotFoundError(f"{prefix}image path '{p}' does not exist (expected a folder, a .txt list or an image)")
     return without_undecodable_names(files, prefix)
+
+
+def _list_text(path: Path, prefix: str) -> str:
+    """An image list's text: a regular file of at most LIST_FILE's bytes, in UTF-8 (DataError, one line, otherwise)."""
+    try:
+        return read_bounded_text(path, LIST_FILE, "image list")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{prefix}{shown_name(str(path))}: not UTF-8 text (byte {error.object[error.start]:#04x} at position "
+                        f"{error.start}); an image list is one image path a line, in UTF-8") from None
+    except OSError as error:
+        raise DataError(f"{prefix}{shown_name(str(path))}: cannot read the image list ({os_reason(error)})") from None
 
 
 def without_special_files(found: list[Path], prefix: str = "") -> list[Path]:
@@ -220,7 +234,7 @@ def cache_path_for(lb_files: list[str]) -> Path:
 def read_cache(path: Path, expected_hash: str, im_files: list[str]) -> list[dict] | None:
     """The cached entries, or None when the cache is missing, corrupt, foreign or stale."""
     try:
-        data = json.loads(read_regular_text(path))  # a FIFO planted as the cache is refused (then replaced), never waited on
+        data = json.loads(read_bounded_text(path, LABEL_CACHE))  # a FIFO planted as the cache is refused (then replaced)
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("hash") != expected_hash:

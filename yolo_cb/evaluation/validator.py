@@ -2,11 +2,10 @@
 
     metrics = Validator(args)(model="best.pt")          # standalone: builds the loader from args.data / args.split
     metrics = trainer.validator(trainer=trainer)        # in training: EMA model, trainer.test_loader, val losses
-
 Events: on_val_start, on_val_batch_start, on_val_batch_end, on_val_end (callbacks get the validator).
 During a batch `validator.batch` is the loader's batch and `validator.preds` its post-processed detections
-([x1, y1, x2, y2, score, cls] in letterboxed-input pixels). Matching is done in original-image pixels. classes= keeps
-the predictions and labels of those classes only, so the metrics are theirs (as Ultralytics' val(classes=...)).
+([x1, y1, x2, y2, score, cls] in letterboxed-input pixels), matched in original-image pixels. classes= keeps the predictions
+and labels of those classes only (as Ultralytics' val(classes=...)); save_txt=True: evaluation/val_txt.py.
 """
 
 from __future__ import annotations
@@ -19,11 +18,12 @@ import torch
 
 from yolo_cb.callbacks import Callbacks
 from yolo_cb.data.dataset import YOLODataset
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset, close_loaders
-from yolo_cb.data.resolve import check_data, missing_split_error, resolve_datasets_dir, single_class
+from yolo_cb.data.dataset_yaml import resolve_datasets_dir
+from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset, close_loaders
+from yolo_cb.data.resolve import check_data, missing_split_error, single_class
 from yolo_cb.data.transforms import LetterBox
 from yolo_cb.errors import ConfigError
-from yolo_cb.evaluation import coco_json, per_class
+from yolo_cb.evaluation import coco_json, per_class, val_txt
 from yolo_cb.evaluation.val_metrics import DetectionMetrics, ImageStats, metrics_so_far
 from yolo_cb.metrics import RECALL_THRESHOLDS, ConfusionMatrix, DetMetrics, coco_summary_keys, cxcywh2xyxy, xyxy2xywh
 from yolo_cb.nn.postprocess import postprocess, scale_boxes
@@ -125,7 +125,7 @@ class Validator:
         if isinstance(model, nn.Module):
             self._modes = train_flags(model)
             model.eval()
-        backend = load_backend(model, device=args.device, fp16=bool(args.half), trust=bool(args.trust))
+        backend = load_backend(model, device=args.device, fp16=bool(args.half), trust=bool(args.trust), imgsz=args.imgsz)
         self.device = backend.device
         model_name = backend.path or (type(model).__name__ if isinstance(model, nn.Module) else str(model))
         if self.dataloader is None:
@@ -149,8 +149,7 @@ class Validator:
         self.data = check_data(args.data, args.datasets_dir)
         label_names = self.data["names"]  # single_cls: labels are checked against the YAML's classes, then made 'item'
         self.data = single_class(self.data) if args.single_cls else self.data
-        split = args.split or "val"
-        yaml_file = self.data["yaml_file"]
+        split, yaml_file = args.split or "val", self.data["yaml_file"]
         self.names = {int(k): str(v) for k, v in self.data["names"].items()}
         paths = self.data.get(split)
         if not paths:
@@ -355,6 +354,8 @@ class Validator:
         if self.args.save_json and final and self.save_dir is not None:
             self.save_json()
             self.eval_json()
+        if self.args.save_txt and final and self.save_dir is not None:  # labels/<stem>.txt, as Ultralytics
+            val_txt.write(self.stats, Path(self.save_dir) / "labels", bool(self.args.save_conf))
         if not self.training and self.save_dir is not None:
             LOGGER.info(f"Results saved to {self.save_dir}")
 

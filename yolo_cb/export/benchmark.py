@@ -3,7 +3,7 @@ on the val split and timed end to end at batch 1, in one table (and benchmark.cs
 
 Columns: format, file size (MB), mAP50-95, its drop vs PyTorch (same letterboxed images), ms per image (letterbox +
 inference + NMS, batch 1, median of the val images after a warm-up) and the thread count every runtime was given.
-Without formats=: the desktop variants, then ncnn, mnn, tflite and executorch where their packages are installed (coreml
+`format=onnx` benchmarks that one variant (as Ultralytics' format=). Without formats= or format=: the desktop variants, then ncnn, mnn, tflite and executorch where their packages are installed (coreml
 cannot run here).
 """
 
@@ -67,12 +67,21 @@ def export_variant(model: str, token: str, args: Config, folder: Path) -> str:
     return exporter(model)
 
 
-def benchmark(args: Config) -> list[dict[str, Any]]:
-    """The table rows (see the module docstring); printed, and written to benchmark.csv in the run folder."""
+def benchmark_tokens(args: Config, format: str | None = None) -> list[str]:
+    """The variants to benchmark: formats=, else the one format= the user named (as Ultralytics' benchmark format=onnx),
+    else every default variant."""
+    if format and args.formats and str(args.formats) != str(format):
+        raise ConfigError(f"benchmark format={format} formats={args.formats}: give one (format= one variant, formats= a list)")
+    return [t for t in str(args.formats or format or default_formats()).split(",") if t.strip()]
+
+
+def benchmark(args: Config, format: str | None = None) -> list[dict[str, Any]]:
+    """The table rows (see the module docstring); printed, and written to benchmark.csv in the run folder. `format`: the
+    format= the user gave (args.format holds the export default, onnx, when none was given)."""
     if not args.model or not str(args.model).endswith((".pt", ".pth")) or not args.data:
         raise ConfigError("benchmark needs model= a .pt checkpoint and data= a dataset YAML, e.g. "
                           "yolo-cb benchmark model=best.pt data=shapes.yaml formats=onnx,openvino")
-    tokens = [t for t in str(args.formats or default_formats()).split(",") if t.strip()]
+    tokens = benchmark_tokens(args, format)
     for token in tokens:  # every name checked before any work
         if token.strip().lower().split("_")[0] == "coreml":
             raise ConfigError(f"formats={args.formats}: coreml cannot be validated nor timed here (Core ML runs on Apple platforms "

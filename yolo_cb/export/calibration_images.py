@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from yolo_cb.data.resolve import resolve_datasets_dir
+from yolo_cb.data.dataset_yaml import resolve_datasets_dir
 from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import DataError
+from yolo_cb.utils.files import LIST_FILE, read_bounded_text
 from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
@@ -77,7 +78,11 @@ def _first_image(candidate: Path) -> Path | None:
     if candidate.is_file() and candidate.suffix.lower() in IMG_SUFFIXES:
         return candidate
     if candidate.is_file() and candidate.suffix.lower() == ".txt":
-        for line in candidate.read_text().splitlines()[:100]:
+        try:
+            lines = read_bounded_text(candidate, LIST_FILE, "image list").splitlines()[:100]
+        except (DataError, OSError, UnicodeDecodeError):  # not a list it can use: the generated scene is used instead
+            return None
+        for line in lines:
             path = Path(line.strip())
             path = path if path.is_absolute() else candidate.parent / path
             if line.strip() and path.is_file() and path.suffix.lower() in IMG_SUFFIXES:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolo_cb.data.loader import build_dataloader
+from yolo_cb.data.loading.loader import build_dataloader
 from yolo_cb.evaluation.validator import Validator
 from yolo_cb.metrics import DetMetrics
 from yolo_cb.prediction.backend import ONNXBackend, OpenVINOBackend, TorchScriptBackend

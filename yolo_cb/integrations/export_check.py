@@ -16,9 +16,6 @@ import io
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import integration
-from yolo_cb.export.convert import parse_spec
-from yolo_cb.export.exporter import Exporter
-from yolo_cb.export.verify import MAP_KEY, val_map
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
@@ -38,6 +35,8 @@ class ExportCheck:
         self.rows: list[dict] = []
 
     def on_pretrain_routine_end(self, trainer):
+        from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
+
         for token in str(trainer.args.export_check).split(","):
             parse_spec(token)  # a bad variant name fails before the first epoch
 
@@ -45,6 +44,10 @@ class ExportCheck:
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
         if not trainer.is_main or best is None or not best.is_file():
             return
+        from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
+        from yolo_cb.export.exporter import Exporter
+        from yolo_cb.export.verify import MAP_KEY, val_map
+
         args = trainer.args
         reference = None
         for token in [t.strip() for t in str(args.export_check).split(",") if t.strip()]:

@@ -8,7 +8,6 @@ Where it logs (first match):
 Experiment: MLFLOW_EXPERIMENT_NAME, else the basename of `project`, else "yolo-cb". Run name: MLFLOW_RUN, else the
 run dir name. A resumed training continues its MLflow run (the run id is stored in the checkpoint).
 MLFLOW_KEEP_RUN_ACTIVE (Ultralytics') is refused with one warning: start the run yourself (case 1) to keep it open.
-
 Logged: every setting as a param (on_pretrain_routine_end); each epoch (on_fit_epoch_end, step = 0-based epoch) the
 train losses, learning rates and — for epochs that validated — the metrics, with keys made MLflow-safe
 (`metrics/mAP50-95(B)` -> `metrics/mAP50-95B`); visualisation JPEGs as they appear; at on_train_end best.pt, last.pt
@@ -355,7 +354,8 @@ class MLflow:
         self.uploaded.add(f"{artifact_path or ''}/{path.name}")
 
     def on_train_end(self, trainer):
-        self._submit(self._log_files, Path(trainer.save_dir))
+        if self.worker.thread is not None:  # a run started (rank 0); a DDP rank > 0 has none to send files to (it did)
+            self._submit(self._log_files, Path(trainer.save_dir))
         self._close("FINISHED", FLUSH_TIMEOUT_S)
 
     def _log_files(self, save_dir: Path) -> None:
@@ -368,7 +368,7 @@ class MLflow:
     def on_exception(self, trainer):
         error = trainer.exception
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        if status == "FAILED":
+        if status == "FAILED" and self.worker.thread is not None:
             text = f"{type(error).__name__}: {error}"[:5000]
             self._submit(lambda: self.run_id and self.client.set_tag(self.run_id, "yolo_cb.error", text))
         self._close(status, CLOSE_TIMEOUT_S)

@@ -29,8 +29,6 @@ import tempfile
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import callback_alias, integration
-from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
-from yolo_cb.export.exporter import compare, onnx_bytes
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.log import LOGGER
 
@@ -47,6 +45,8 @@ def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True, copy_mo
     import onnx
     import onnxruntime as ort
     import torch
+
+    from yolo_cb.export.exporter import compare, onnx_bytes  # here: registering the check must not load torch
 
     module = (copy.deepcopy(model) if copy_model else model).cpu().float().eval()
     for p in module.parameters():
@@ -131,6 +131,8 @@ class OnnxCheck:
         wanted = self.best if self.best is not None else bool(getattr(trainer.args, "onnx_check_best", False))
         if not (wanted and trainer.is_main) or best is None or not best.is_file():
             return
+
+        from yolo_cb.checkpoints.checkpoint import model_from_checkpoint  # here: registering the check must not load torch
 
         if self.image is None:
             self.image = self._image(trainer)

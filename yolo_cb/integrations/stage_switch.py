@@ -8,7 +8,7 @@ next_stage_start_epoch when set, else max(epochs - N, 0) with N = close_mosaic, 
 At on_train_epoch_start of every epoch with
 trainer.epoch >= S — before the epoch's loader iterator exists — the switch is applied once per process:
 
-    train_loader.close_mosaic()        # dataset transforms closed; persistent workers restarted so they see it
+    train_loader.close_mosaic()        # dataset transforms closed; the workers see it in the next tasks they get (no restart)
     criterion.set_l1(True)             # YOLOX losses (and the EMA model's, for the val/l1_loss figure)
     trainer.validate_every_epoch = True
 
@@ -19,7 +19,6 @@ stored in checkpoints for the log line and idempotence. See docs/integrations.md
 from __future__ import annotations
 
 from yolo_cb.callbacks.registry import callback_alias, integration
-from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.utils.log import LOGGER
 
 
@@ -29,6 +28,13 @@ def switch_epoch(args, epochs: int) -> int | None:
         return int(args.next_stage_start_epoch)
     n = int(getattr(args, "close_mosaic", 0) or 0)
     return max(int(epochs) - n, 0) if n > 0 else None
+
+
+def has_l1_term(criterion) -> bool:
+    """Whether `criterion` is a YOLOX loss (the only family with the L1 box term the stage switches on)."""
+    from yolo_cb.nn.yolox.loss import YOLOXLoss  # here, when a trainer runs: registering the switch must not load torch
+
+    return isinstance(criterion, YOLOXLoss)
 
 
 # it changes the training recipe: a failure must stop the run, not let it silently train another recipe
@@ -66,7 +72,7 @@ class StageSwitch:
         if not resumed:
             self.switched, self.epoch = True, trainer.epoch
         if trainer.is_main:
-            l1 = "L1 loss on, " if isinstance(trainer.criterion, YOLOXLoss) else ""
+            l1 = "L1 loss on, " if has_l1_term(trainer.criterion) else ""
             what = f"mosaic and mixup off, {l1}validating every epoch"
             if resumed:
                 LOGGER.info(f"YOLOX stage switch (from epoch {(self.epoch or 0) + 1}) re-applied on resume at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
@@ -86,7 +92,7 @@ class StageSwitch:
         trainer.train_loader.close_mosaic()
         ema = getattr(trainer, "ema", None)
         for criterion in (trainer.criterion, getattr(getattr(ema, "ema", None), "criterion", None)):  # the EMA's: val/l1_loss
-            if isinstance(criterion, YOLOXLoss):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
+            if has_l1_term(criterion):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
                 criterion.set_l1(True)
         trainer.validate_each_epoch()
         self.applied = True

@@ -23,17 +23,18 @@ from __future__ import annotations
 import heapq
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from yolo_cb.callbacks.registry import integration
 from yolo_cb.errors import ConfigError
-from yolo_cb.metrics import DetMetrics
-from yolo_cb.nn.postprocess import postprocess
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.draw import draw_boxes, plot_batch, targets_to_boxes, write_image
 from yolo_cb.utils.files import own_folder
+
+if TYPE_CHECKING:  # torch, the metrics and the post-processing load when a run ranks images, not when this registers
+    import torch
 
 PRED_CONF = 0.25  # predictions below this score are not drawn
 SOURCES = ("val", "train", "both")  # what is ranked: validation images by AP, training batches by loss, or both
@@ -41,6 +42,8 @@ SOURCES = ("val", "train", "both")  # what is ranked: validation images by AP, t
 
 def image_ap(stat: dict, nc: int) -> float | None:
     """COCO mAP50-95 of one validated image (a `validator.stats` entry); None when it has no labels."""
+    from yolo_cb.metrics import DetMetrics  # here: the metrics load torch, and registering this must not
+
     if len(stat["gt_cls"]) == 0:
         return None
     metrics = DetMetrics(nc)
@@ -74,6 +77,10 @@ def draw_side_by_side(stat: dict, names: dict[int, str], path: Path) -> Path:
 def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
     """Detections >= PRED_CONF of the validated model (EMA, else the training model) on uint8 `images`, in eval mode
     and without gradients; the model's modes are restored."""
+    import torch
+
+    from yolo_cb.nn.postprocess import postprocess  # here: it loads torch, and registering this must not
+
     model = unwrap(trainer.ema.ema if trainer.ema is not None else trainer.model)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()

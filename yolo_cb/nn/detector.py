@@ -54,6 +54,11 @@ class Detector(nn.Module, metaclass=ABCMeta):
         self.names = {i: str(i) for i in range(self.nc)}
         self.register_buffer("stride", torch.tensor(self.strides, dtype=torch.float32), persistent=False)
 
+    @property
+    def yaml(self) -> dict:
+        """The architecture dict the model was built from, with its "nc" (Ultralytics' model.model.yaml)."""
+        return self.cfg
+
     @staticmethod
     def current_name(name: str) -> str:
         """A module or state-dict name as this version names it (unchanged unless the family renamed its modules)."""

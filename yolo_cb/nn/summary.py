@@ -74,3 +74,23 @@ def log_summary(model: nn.Module, imgsz: int | tuple[int, int] = 640, suffix: st
     logging.getLogger("yolo_cb").info(f"{getattr(model, 'name', type(model).__name__)} summary{suffix}: {info['layers']} layers, "
                                       f"{info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {size}")
     return info
+
+
+def layer_table(model: nn.Module) -> str:
+    """One row per layer in flow order (model.layers, else the top-level modules): index, name, parameters, module type."""
+    modules = dict(model.named_modules())
+    names = [n for n in (getattr(model, "layers", ()) or ()) if n in modules] or [n for n, _ in model.named_children()]
+    rows = [f"{'':>3}  {'layer':<32} {'params':>10}  module"]
+    for i, name in enumerate(names):
+        rows.append(f"{i:>3}  {name:<32} {count_params(modules[name]):>10,}  {type(modules[name]).__name__}")
+    return "\n".join(rows)
+
+
+def parameter_table(model: nn.Module) -> str:
+    """One row per parameter tensor, as Ultralytics' info(detailed=True): name, gradient, count, shape, mean, std."""
+    rows = [f"{'':>5} {'name':<56} {'gradient':>8} {'params':>10} {'shape':>20} {'mu':>10} {'sigma':>10}"]
+    for i, (name, p) in enumerate(model.named_parameters()):
+        sigma = p.detach().float().std().item() if p.numel() > 1 else 0.0
+        rows.append(f"{i:>5} {name:<56} {p.requires_grad!s:>8} {p.numel():>10,} {str(list(p.shape)):>20} "
+                    f"{p.detach().float().mean().item():>10.3g} {sigma:>10.3g}")
+    return "\n".join(rows)

@@ -21,9 +21,9 @@ from torch import nn
 
 from yolo_cb.checkpoints.checkpoint import model_from_checkpoint
 from yolo_cb.errors import ConfigError
-from yolo_cb.prediction import model_trust, torchscript_check
+from yolo_cb.prediction import model_trust, probe, torchscript_check
 from yolo_cb.prediction.backend_base import DEFAULT_STRIDE, Backend, max_stride  # noqa: F401 - public here too
-from yolo_cb.prediction.mobile_backends import mobile_backend
+from yolo_cb.prediction.mobile_backends import mobile_backend, mobile_format, runtime
 from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
     bad_model_file,
     checked_metadata,
@@ -33,6 +33,7 @@ from yolo_cb.prediction.model_metadata import (  # noqa: F401 - public here too
     refuse_non_detector,
     unusable_onnx,
 )
+from yolo_cb.prediction.onnx_session import onnx_session
 from yolo_cb.utils.device import select_device
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.signal_stack import kept_signal_stack
@@ -84,19 +85,7 @@ class ONNXBackend(Backend):
         elif device.type == "cuda":
             LOGGER.warning(f"onnxruntime has no CUDAExecutionProvider; running {path} on CPU")
             device = torch.device("cpu")
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = int(threads)
-        # no busy-waiting worker threads between runs: they would steal the CPU from pre/post-processing (and other processes)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        try:
-            self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception:  # onnxruntime's own Fail / InvalidProtobuf / InvalidGraph: a user error only when the file is at fault
-            reason = unusable_onnx(Path(path))
-            if reason is None:
-                raise
-            raise bad_model_file(Path(path), "ONNX", reason) from None
+        self.session = onnx_session(path, providers, threads)
         meta = checked_metadata(self.session.get_modelmeta().custom_metadata_map, Path(path), self.label)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
@@ -221,16 +210,22 @@ def not_torchscript(path: Path) -> str | None:
     return None
 
 
+TORCHSCRIPT_SUFFIXES = (".torchscript", ".ts", ".jit")  # model files that are programs (prediction/model_trust.py)
+
+
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
 
 
-def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None, trust: bool = False) -> Backend:
+def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads: int | None = None, trust: bool = False,
+                 imgsz: Any = None) -> Backend:
     """A Backend for an nn.Module, a `.pt` checkpoint, an `.onnx` file, a `.torchscript` file or an OpenVINO folder / .xml.
 
     fp16 applies on CUDA only (ignored with a warning on CPU); ONNX/TorchScript files run in the precision they were exported in.
     threads: intra-op threads of ONNX Runtime / OpenVINO (None: the runtime's default; PyTorch: torch.set_num_threads).
     trust: load a TorchScript file yolo-cb did not write for this user (the `trust` setting; see model_trust.py).
+    imgsz: the input size it will run at (predict's / val's), for the probe of a model file: every file but our `.pt` is
+    loaded and run once in a bounded child process before it is loaded here (prediction/probe.py).
     """
     dev = select_device(device)
     if fp16 and dev.type != "cuda":
@@ -241,6 +236,21 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
     if isinstance(weights, nn.Module):
         return PyTorchBackend(weights, owned=False, device=dev, fp16=fp16)
     path = Path(str(weights))
+    fmt = mobile_format(path) if path.exists() else None  # CoreML: refused here
+    if fmt is not None:
+        runtime(fmt, path)  # installed here (or one line naming the extra), before the probe
+    if path.suffix.lower() in TORCHSCRIPT_SUFFIXES and path.is_file():  # refused here, before the probe's child loads it
+        reason = not_torchscript(path)  # a renamed checkpoint, an empty file: said as such first
+        if reason:
+            raise bad_model_file(path, TorchScriptBackend.label, reason)
+        model_trust.loadable_bytes(path, TorchScriptBackend.label, trust)
+    if probe.probed(path):
+        probe.check_model_file(path, imgsz, threads, trust)
+    return open_model_file(path, dev, fp16, threads, trust)
+
+
+def open_model_file(path: Path, dev: torch.device, fp16: bool, threads: int | None, trust: bool = False) -> Backend:
+    """The Backend of the model file at `path`, by its kind (no probe: load_backend and the probe's child call this)."""
     mobile = mobile_backend(path, threads) if path.exists() else None  # ncnn, MNN, LiteRT, ExecuTorch (CoreML: refused)
     if mobile is not None:
         return mobile
@@ -248,11 +258,11 @@ def load_backend(weights: Any, device: Any = "cpu", fp16: bool = False, threads:
         if path.exists():
             return OpenVINOBackend(str(path), device=dev, fp16=fp16, threads=threads)
     if not path.is_file():
-        raise FileNotFoundError(f"model weights '{weights}' not found")
+        raise FileNotFoundError(f"model weights '{path}' not found")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         return ONNXBackend(str(path), device=dev, fp16=fp16, threads=threads)
-    if suffix in (".torchscript", ".ts", ".jit"):
+    if suffix in TORCHSCRIPT_SUFFIXES:
         return TorchScriptBackend(str(path), device=dev, fp16=fp16, trust=trust)
     if suffix in (".pt", ".pth"):
         return PyTorchBackend(model_from_checkpoint(path), owned=True, device=dev, fp16=fp16, path=str(path))

@@ -7,12 +7,14 @@ LiteRT, ExecuTorch); `backend.load_backend` picks one from a path.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from yolo_cb.prediction.model_metadata import bad_model_file, refuse_non_detector
+from yolo_cb.utils.signal_stack import signals_to_the_os
 
 DEFAULT_STRIDE = 32
 
@@ -34,6 +36,7 @@ class Backend:
 
     kind: str = "pytorch"
     label: str = "PyTorch"  # the kind as a message names it
+    holds_gil = False  # its runtime keeps Python's lock while it runs: a signal then goes to the OS (utils/signal_stack.py)
 
     def __init__(self, *, names: dict[int, str], stride: int = DEFAULT_STRIDE, imgsz: tuple[int, int] | None = None,
                  batch: int | None = None, device: torch.device = torch.device("cpu"), fp16: bool = False,
@@ -60,10 +63,15 @@ class Backend:
         if self.imgsz is not None and tuple(x.shape[2:]) != self.imgsz:
             raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed image size {self.imgsz} (h, w), "
                              f"got input {tuple(x.shape[2:])}; letterbox to {self.imgsz} or re-export with dynamic=True")
-        if self.batch is not None and x.shape[0] != self.batch:
-            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {x.shape[0]}; "
-                             f"re-export with dynamic=True or batch={x.shape[0]}")
-        y = self.forward(x)
+        n = x.shape[0]
+        if self.batch is not None and n > self.batch:
+            raise ValueError(f"{self.kind} model {self.path or ''} was exported for a fixed batch of {self.batch}, got {n}; "
+                             f"re-export with dynamic=True or batch={n}")
+        if self.batch is not None and n < self.batch:  # the last, shorter batch of a folder: padded with blank images, cut after
+            x = torch.cat((x, x.new_zeros((self.batch - n, *x.shape[1:]))))
+        with signals_to_the_os() if self.holds_gil else contextlib.nullcontext():
+            y = self.forward(x)
+        y = y[:n] if isinstance(y, torch.Tensor) and n < len(x) else y
         if self.kind != "pytorch":  # a file we did not write: it must compute detections, not anything of any shape
             self.check_detector(None, tuple(y.shape) if isinstance(y, torch.Tensor) else f"a {type(y).__name__}")
         return y

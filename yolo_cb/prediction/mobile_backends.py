@@ -88,8 +88,8 @@ class NCNNBackend(Backend):
             extractor = self.net.create_extractor()
             extractor.input(self.input_name, self.mat(np.ascontiguousarray(image)))
             status, out = extractor.extract(self.output_name)
-            if status != 0:
-                raise RuntimeError(f"ncnn could not run {self.path} (status {status})")
+            if status != 0:  # ncnn's layers return -100 when an allocation fails
+                raise RuntimeError(f"ncnn could not run {self.path} (status {status}{': out of memory' if status == -100 else ''})")
             outputs.append(np.array(out))
         return torch.from_numpy(np.stack(outputs)).float()
 
@@ -97,6 +97,7 @@ class NCNNBackend(Backend):
 class MNNBackend(Backend):
     kind = "mnn"
     label = "MNN"
+    holds_gil = True  # measured: its forward keeps Python's lock
 
     def __init__(self, path: str, *, threads: int | None = None):
         mnn = runtime("mnn", path)
@@ -135,6 +136,7 @@ def tflite_metadata(data: bytes, path: Path) -> dict[str, Any]:
 class LiteRTBackend(Backend):
     kind = "tflite"
     label = "TFLite"
+    holds_gil = True  # not measured: taken to keep it
 
     def __init__(self, path: str, *, threads: int | None = None):
         litert = runtime("tflite", path)
@@ -157,6 +159,7 @@ class LiteRTBackend(Backend):
 class ExecuTorchBackend(Backend):
     kind = "executorch"
     label = "ExecuTorch"
+    holds_gil = True  # not measured: taken to keep it
 
     def __init__(self, path: str, *, threads: int | None = None):
         runtime("executorch", path)
@@ -187,15 +190,25 @@ def is_ncnn_folder(path: Path) -> bool:
     return (path.is_dir() and any(path.glob("*.ncnn.param"))) or path.name.endswith(".ncnn.param")
 
 
-def mobile_backend(path: Path, threads: int | None = None) -> Backend | None:
-    """The backend of a mobile export at `path` (see the module docstring), or None when `path` is none of them."""
-    suffix = path.suffix.lower()
-    if suffix == ".mlpackage" or (path.parent.suffix.lower() == ".mlpackage"):
+def is_coreml(path: Path) -> bool:
+    return path.suffix.lower() == ".mlpackage" or path.parent.suffix.lower() == ".mlpackage"
+
+
+def mobile_format(path: Path) -> str | None:
+    """The format ('ncnn', 'mnn', 'tflite', 'executorch') of a mobile export at `path`, or None when it is none of them;
+    a CoreML package is refused (it runs on Apple platforms only)."""
+    if is_coreml(path):
         raise coreml_refusal(path)
     if is_ncnn_folder(path):
-        return NCNNBackend(str(path), threads=threads)
-    kinds = {"mnn": MNNBackend, "tflite": LiteRTBackend, "executorch": ExecuTorchBackend}
-    fmt = MOBILE_SUFFIXES.get(suffix)
-    if fmt is None or not path.is_file():
+        return "ncnn"
+    fmt = MOBILE_SUFFIXES.get(path.suffix.lower())
+    return fmt if fmt is not None and path.is_file() else None
+
+
+def mobile_backend(path: Path, threads: int | None = None) -> Backend | None:
+    """The backend of a mobile export at `path` (see the module docstring), or None when `path` is none of them."""
+    fmt = mobile_format(path)
+    if fmt is None:
         return None
+    kinds = {"ncnn": NCNNBackend, "mnn": MNNBackend, "tflite": LiteRTBackend, "executorch": ExecuTorchBackend}
     return kinds[fmt](str(path), threads=threads)

@@ -29,11 +29,14 @@ from yolo_cb.data.verify import IMG_SUFFIXES
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn.postprocess import augmented_predictions, postprocess, scale_boxes
 from yolo_cb.prediction.backend import Backend, load_backend
+from yolo_cb.prediction.embed import embeddings, layer_names
 from yolo_cb.prediction.results import Results, encode_image
-from yolo_cb.prediction.sources import Frame, batches, expand, iter_frames, tensor_to_bgr
+from yolo_cb.prediction.sources import Dataset, Frame, batches, expand, iter_frames, tensor_to_bgr
+from yolo_cb.prediction.tracking import Tracks, tracks_for
 from yolo_cb.settings.config import Config, get_config
 from yolo_cb.utils.files import atomic_write_bytes, create_temp, own_folder, run_dir
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.signal_stack import beat, ends_process, signal_deadline
 
 PREDICT_CONF = 0.25  # confidence threshold when conf is empty
 PREDICT_BATCH = 1  # images per model call when batch= is not given (Ultralytics' predict default), not training's batch
@@ -72,6 +75,7 @@ def term_as_exit() -> Any:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
+    @ends_process
     def handler(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
@@ -89,6 +93,8 @@ class Predictor:
         self.model: Backend | None = None  # the loaded model (as Ultralytics' predictor.model): names, stride, device, __call__
         self._model_source = None  # what `model` was loaded from (a path or an nn.Module)
         self.source = None
+        self.dataset: Dataset | None = None  # what is being predicted: mode ("image" / "video"), frame, frames, bs (Ultralytics')
+        self.trackers: Tracks | None = None  # track mode: the trackers, kept across calls with persist=True
         self.save_dir: Path | None = None
         self.batch: tuple[list[str], list[np.ndarray], list[str]] | None = None  # (paths, BGR images, "image 1/3 path: " strings)
         self.results: list[Results] = []
@@ -116,8 +122,10 @@ class Predictor:
         if model is None:
             raise ValueError("predict needs a model: a .pt checkpoint, an .onnx / .torchscript file or an nn.Module")
         if self.backend is None or model is not self._model_source:
-            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half), trust=bool(self.args.trust))
+            self.backend = self.model = load_backend(model, device=self.args.device, fp16=bool(self.args.half), trust=bool(self.args.trust),
+                                                     imgsz=self.args.imgsz)
             self._model_source = model
+            from torchvision.ops import batched_nms  # noqa: F401 - NMS's kernel: its import (seconds) is set-up, not a frame's postprocess
         size = self.args.imgsz
         self.imgsz = self.backend.imgsz or ((size, size) if isinstance(size, int) else tuple(size))
         return self.backend
@@ -139,10 +147,12 @@ class Predictor:
     def stream_inference(self, source: Any = None, model: Any = None) -> Iterator[Results]:
         source = source if source is not None else self.args.source
         if source is None:
-            raise ValueError("predict needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
+            raise ConfigError(f"{self.args.mode} needs a source: an image, folder, glob, video, .txt list, numpy or PIL image, or a BCHW tensor")
         backend = self.setup_model(model)
         if self.args.augment:
             level_strides(backend)  # a model that cannot take other input sizes: refused before any work
+        if self.args.embed:
+            layer_names(backend, self.args.embed)  # a model without readable layers, or a layer it lacks: refused at once
         self.source = source
         items = expand(source)
         if isinstance(items, list):
@@ -154,11 +164,17 @@ class Predictor:
         if self.args.save or self.args.save_txt or self.args.save_crop:
             self.save_dir = self._make_save_dir()
         self.seen, self._described, self._claimed = 0, 0, {}
+        self.dataset = Dataset(source, size, self.args.vid_stride)
+        if self.args.mode == "track":
+            self.trackers = tracks_for(self.trackers, self.args.tracker, bool(self.args.persist))
         self.run_callbacks("on_predict_start")
         previous_term = term_as_exit()
         try:
-            for batch in batches(iter_frames(items), size):
-                yield from self._predict_batch(batch, backend, count)
+            with signal_deadline():  # a model call stuck in C++ after a signal: the process still ends (utils/signal_stack.py)
+                for batch in batches(iter_frames(items, self.args.vid_stride), size):
+                    self.dataset.at(batch[-1])
+                    yield from self._embed_batch(batch, backend) if self.args.embed else self._predict_batch(batch, backend, count)
+                    beat()
         finally:  # reached on Ctrl-C and, through term_as_exit, on SIGTERM: the videos are finalised and stay readable
             self._finish_videos()
             if previous_term is not None and threading.current_thread() is threading.main_thread():  # (a generator may be closed elsewhere)
@@ -180,6 +196,8 @@ class Predictor:
         preds = tta_predictions(backend, x) if self.args.augment else backend(x)
         t2 = time.perf_counter()
         self.results = self.postprocess(preds, images, paths, frame_ids, ratio_pads)
+        if self.args.mode == "track":  # each Results keeps its tracked boxes, with their ids
+            self.results = self.trackers.update(self.results, bool(self.args.persist))
         t3 = time.perf_counter()
         n = len(images)
         speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n, "postprocess": (t3 - t2) * 1e3 / n}
@@ -196,6 +214,19 @@ class Predictor:
                 LOGGER.info(f"{text}{r.verbose() or '(no detections), '}{speed['inference']:.1f}ms")
         self.run_callbacks("on_predict_batch_end")
         return self.results
+
+    def _embed_batch(self, batch: list[Frame], backend: Backend) -> list[torch.Tensor]:
+        """embed=: one feature vector per image of the batch (yolo_cb/prediction/embed.py) instead of Results; the
+        batch's events but on_predict_postprocess_end fire (there is no postprocess), as in Ultralytics."""
+        paths = [f.path for f in batch]
+        images = [tensor_to_bgr(f.image) if isinstance(f.image, torch.Tensor) else f.image for f in batch]
+        self.batch = (paths, images, [self._describe(p, f.frame, None) for p, f in zip(paths, batch, strict=True)])
+        self.run_callbacks("on_predict_batch_start")
+        x = torch.stack([self.prepare(f.image, backend)[0] for f in batch]).to(backend.device)
+        vectors = embeddings(backend, x, self.args.embed)
+        self.seen += len(batch)
+        self.run_callbacks("on_predict_batch_end")
+        return vectors
 
     def prepare(self, image: np.ndarray | torch.Tensor, backend: Backend) -> tuple[torch.Tensor, tuple]:
         """The model input of one image and its ratio_pad: a tensor source's image as it is (model-sized already, as

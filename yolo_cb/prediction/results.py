@@ -31,7 +31,8 @@ def refuse_plot_arguments(unsupported: dict) -> None:
 
 
 class Boxes:
-    """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels.
+    """Detections of one image: data (n, 6) = [x1, y1, x2, y2, conf, cls] in original-image pixels; tracked boxes (track
+    mode) are (n, 7) = [x1, y1, x2, y2, id, conf, cls], as Ultralytics', and `id` holds their track ids.
 
     `data` is a torch tensor, or a NumPy array after `.numpy()` (every property then returns NumPy, as in Ultralytics)."""
 
@@ -40,13 +41,21 @@ class Boxes:
             data = torch.as_tensor(data, dtype=torch.float32)
         if data.ndim == 1:
             data = data.reshape(-1, 6)
-        if data.shape[-1] != 6:
-            raise ValueError(f"Boxes expects (n, 6) [x1, y1, x2, y2, conf, cls], got {tuple(data.shape)}")
+        if data.shape[-1] not in (6, 7):
+            raise ValueError(f"Boxes expects (n, 6) [x1, y1, x2, y2, conf, cls] or (n, 7) [x1, y1, x2, y2, id, conf, cls], "
+                             f"got {tuple(data.shape)}")
         self.data = data
         self.orig_shape = tuple(int(v) for v in orig_shape[:2])
 
-    id = None  # Ultralytics' track ids: yolo-cb does not track
-    is_track = False
+    @property
+    def is_track(self) -> bool:
+        """Whether the boxes carry track ids (track mode)."""
+        return self.data.shape[-1] == 7
+
+    @property
+    def id(self) -> torch.Tensor | np.ndarray | None:
+        """The track id of each box (track mode), else None, as Ultralytics' boxes.id."""
+        return self.data[:, -3] if self.is_track else None
 
     @property
     def xyxy(self) -> torch.Tensor | np.ndarray:
@@ -54,11 +63,11 @@ class Boxes:
 
     @property
     def conf(self) -> torch.Tensor | np.ndarray:
-        return self.data[:, 4]
+        return self.data[:, -2]
 
     @property
     def cls(self) -> torch.Tensor | np.ndarray:
-        return self.data[:, 5]
+        return self.data[:, -1]
 
     @property
     def xywh(self) -> torch.Tensor | np.ndarray:
@@ -96,13 +105,15 @@ class Boxes:
         return Boxes(torch.as_tensor(self.data).to(*args, **kwargs), self.orig_shape)
 
     def _tensor(self) -> torch.Tensor:
-        return torch.as_tensor(self.data)
+        """The (n, 6) detections [x1, y1, x2, y2, conf, cls] as a tensor (a tracked box's id left out)."""
+        data = torch.as_tensor(self.data)
+        return torch.cat([data[:, :4], data[:, -2:]], dim=1) if self.is_track else data
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
 
     def __getitem__(self, index: Any) -> Boxes:
-        return Boxes(self.data[index].reshape(-1, 6), self.orig_shape)
+        return Boxes(self.data[index].reshape(-1, self.data.shape[-1]), self.orig_shape)
 
     def __repr__(self) -> str:
         return f"Boxes(n={len(self)}, orig_shape={self.orig_shape})"
@@ -126,6 +137,14 @@ class Results:
 
     def _with_boxes(self, boxes: Boxes) -> Results:
         return Results(self.orig_img, self.path, self.names, boxes=boxes.data, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
+
+    def with_tracks(self, tracked: np.ndarray) -> Results:
+        """The same image with `tracked` (n, 7) [x1, y1, x2, y2, id, conf, cls] boxes (track mode), as a tensor."""
+        return self._with_boxes(Boxes(torch.as_tensor(tracked, dtype=torch.float32).reshape(-1, 7), self.orig_shape))
+
+    def new(self) -> Results:
+        """The same image, path, names, speed, frame and save_dir with no detections, as Ultralytics' Results.new()."""
+        return Results(self.orig_img, self.path, self.names, speed=dict(self.speed), frame=self.frame, save_dir=self.save_dir)
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -160,10 +179,11 @@ class Results:
         `normalize`), rounded to `decimals` (Ultralytics' Results.summary())."""
         h, w = self.orig_shape if normalize else (1, 1)
         rows = []
-        for x1, y1, x2, y2, conf, cls in self.boxes._tensor().cpu().tolist():
+        ids = self.boxes.id.tolist() if self.boxes.is_track else None
+        for i, (x1, y1, x2, y2, conf, cls) in enumerate(self.boxes._tensor().cpu().tolist()):
             box = {"x1": x1 / w, "y1": y1 / h, "x2": x2 / w, "y2": y2 / h}
             rows.append({"name": self.names.get(int(cls), str(int(cls))), "class": int(cls), "confidence": round(conf, decimals),
-                         "box": {k: round(v, decimals) for k, v in box.items()}})
+                         "box": {k: round(v, decimals) for k, v in box.items()}, **({"track_id": int(ids[i])} if ids else {})})
         return rows
 
     def to_json(self, normalize: bool = False, decimals: int = 5) -> str:
@@ -274,12 +294,14 @@ class Results:
         return written
 
     def save_txt(self, path: str | Path, save_conf: bool = False) -> str:
-        """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf]', coordinates normalised to [0, 1]."""
+        """Append one YOLO-format line per box to `path`: 'cls cx cy w h [conf] [id]', coordinates normalised to [0, 1]; a
+        tracked box's id last, as Ultralytics."""
         boxes = Boxes(self.boxes._tensor(), self.orig_shape)
+        ids = self.boxes.id.tolist() if self.boxes.is_track else [None] * len(boxes)
         lines = []
-        for (cx, cy, w, h), score, cls in zip(boxes.xywhn.tolist(), boxes.conf.tolist(), boxes.cls.tolist(), strict=True):
+        for (cx, cy, w, h), score, cls, i in zip(boxes.xywhn.tolist(), boxes.conf.tolist(), boxes.cls.tolist(), ids, strict=True):
             line = f"{int(cls)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
-            lines.append(line + (f" {score:.6f}" if save_conf else ""))
+            lines.append(line + (f" {score:.6f}" if save_conf else "") + (f" {int(i)}" if i is not None else ""))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         append_bytes(path, "".join(line + "\n" for line in lines).encode("utf-8"))  # a link at `path` is replaced, never followed

@@ -37,12 +37,35 @@ class TensorImages(NamedTuple):
 
 class Frame(NamedTuple):
     """One image to predict on: `image` is HWC BGR uint8, or a (3, H, W) float RGB tensor (already model-sized) for a
-    tensor source; `frame` the video frame index (None for images); `group` the tensor source it came from (None else)."""
+    tensor source; `frame` the video frame index (None for images); `group` the tensor source it came from (None else);
+    for a video frame, `frames` the frames of its video that are read (vid_stride counted)."""
 
     path: str
     image: np.ndarray | torch.Tensor
     frame: int | None
     group: int | None
+    frames: int = 0
+
+
+class Dataset:
+    """What a predictor's callbacks read as `predictor.dataset`, as Ultralytics': `mode` ("image" or "video": of the frame
+    being predicted), `frame` (1-based count of the frames read so far from the current video; 0 for images), `frames`
+    (the frames of the current video that are read, vid_stride counted; 0 for images), `bs` (images per model call),
+    `vid_stride`, and `source` (what predict was given)."""
+
+    def __init__(self, source: Any, bs: int, vid_stride: int = 1):
+        self.source, self.bs, self.vid_stride = source, bs, vid_stride
+        self.mode, self.frame, self.frames = "image", 0, 0
+
+    def at(self, item: Frame) -> None:
+        """Point at `item`, the frame being predicted."""
+        video = item.frame is not None
+        self.mode = "video" if video else "image"
+        self.frame = item.frame // self.vid_stride + 1 if video else 0
+        self.frames = item.frames if video else 0
+
+    def __repr__(self) -> str:
+        return f"Dataset(mode={self.mode!r}, frame={self.frame}, frames={self.frames}, bs={self.bs})"
 
 
 def check_tensor(tensor: torch.Tensor) -> TensorImages:
@@ -97,15 +120,24 @@ def _expand_path(text: str, reading: tuple[Path, ...] = ()) -> list[str] | Itera
         matches = sorted(glob.glob(text))
         if not matches:
             raise FileNotFoundError(f"source glob '{text}' matched no files")
-        return [m for m in matches if Path(m).is_file() and Path(m).suffix.lower() in MEDIA_SUFFIXES]
+        return _media_or_refuse([Path(m) for m in matches], text)
     if path.is_dir():
-        return [str(p) for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
+        return _media_or_refuse(sorted(path.iterdir()), text)
     if path.is_file() and path.suffix.lower() == ".txt":
         return _expand_list(path, reading)
     if path.is_file():
         return [str(path)]
     raise FileNotFoundError(f"source '{text}' does not exist (expected an image, video, folder, glob, .txt list, numpy or PIL "
                             f"image, or a BCHW torch.Tensor)")
+
+
+def _media_or_refuse(paths: list[Path], text: str) -> list[str]:
+    """The image and video files among `paths` of a folder or glob source; none is an error, as in Ultralytics."""
+    media = [str(p) for p in paths if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES]
+    if not media:
+        raise FileNotFoundError(f"No images or videos found in {text}: source= needs image or video files "
+                                f"({', '.join(sorted(MEDIA_SUFFIXES))})")
+    return media
 
 
 def _expand_list(path: Path, reading: tuple[Path, ...]) -> list[str]:
@@ -162,9 +194,9 @@ def undecodable_name(path: str) -> str | None:
     return None
 
 
-def iter_frames(items: Iterable[Any]) -> Iterator[Frame]:
-    """A Frame for every image, tensor image and video frame of expanded `items` (expand's); unreadable files are
-    skipped with a warning."""
+def iter_frames(items: Iterable[Any], vid_stride: int = 1) -> Iterator[Frame]:
+    """A Frame for every image, tensor image and video frame (every `vid_stride`-th: 0, N, 2N, ...) of expanded `items`
+    (expand's); unreadable files are skipped with a warning."""
     for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
             yield Frame(f"image{n}.jpg", item, None, None)
@@ -173,7 +205,7 @@ def iter_frames(items: Iterable[Any]) -> Iterator[Frame]:
         elif (shown := undecodable_name(item)) is not None:  # as training does with such names: skipped, named once
             LOGGER.warning(f"skipping {shown}: the file name is not valid UTF-8 (OpenCV cannot open it); rename it to predict on it")
         elif Path(item).suffix.lower() in VIDEO_SUFFIXES:
-            yield from _video_frames(item)
+            yield from _video_frames(item, vid_stride)
         else:
             img = _read_image(item)
             if img is not None:
@@ -191,18 +223,21 @@ def _read_image(path: str) -> np.ndarray | None:
     return img
 
 
-def _video_frames(path: str) -> Iterator[Frame]:
+def _video_frames(path: str, stride: int = 1) -> Iterator[Frame]:
+    """Frames 0, stride, 2 * stride, ... of the video (the others are grabbed, not decoded into images)."""
     capture = cv2.VideoCapture(path)
     if not capture.isOpened():
         LOGGER.warning(f"skipping unreadable video {path}")
         return
     try:
         frame_index = 0
+        read = -(-int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0) // stride)  # frames read: ceil(total / stride)
         while True:
-            ok, frame = capture.read()
+            ok, frame = capture.read() if frame_index % stride == 0 else (capture.grab(), None)
             if not ok:
                 break
-            yield Frame(path, frame, frame_index, None)
+            if frame is not None:
+                yield Frame(path, frame, frame_index, None, read)
             frame_index += 1
         if frame_index == 0:
             LOGGER.warning(f"skipping unreadable video {path} (no frames decoded)")

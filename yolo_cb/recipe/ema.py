@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch loads with the model; `unwrap` serves callbacks that are registered before any model exists
+    from torch import nn
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -26,18 +27,20 @@ class ModelEMA:
     def current_decay(self) -> float:
         return self.decay * (1 - math.exp(-self.updates / self.tau))
 
-    @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        import torch  # here, not at the top: importing this module (for `unwrap`) must not load torch
+
         self.updates += 1
         d = self.current_decay()
-        model_state = unwrap(model).state_dict()
-        averaged, sources = [], []
-        for name, value in self.ema.state_dict().items():
-            if value.dtype.is_floating_point:
-                averaged.append(value)
-                sources.append(model_state[name].detach())
-            else:
-                value.copy_(model_state[name])
-        if averaged:  # one fused kernel per op over every tensor, not two launches per tensor (~600 a step on CUDA)
-            torch._foreach_mul_(averaged, d)
-            torch._foreach_add_(averaged, sources, alpha=1 - d)
+        with torch.no_grad():
+            model_state = unwrap(model).state_dict()
+            averaged, sources = [], []
+            for name, value in self.ema.state_dict().items():
+                if value.dtype.is_floating_point:
+                    averaged.append(value)
+                    sources.append(model_state[name].detach())
+                else:
+                    value.copy_(model_state[name])
+            if averaged:  # one fused kernel per op over every tensor, not two launches per tensor (~600 a step on CUDA)
+                torch._foreach_mul_(averaged, d)
+                torch._foreach_add_(averaged, sources, alpha=1 - d)

@@ -26,14 +26,15 @@ builds it again when the set changed (on every rank, at the same epoch start).
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings.config import parse_freeze
 from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.suggest import did_you_mean
+
+if TYPE_CHECKING:  # torch loads with the model this works on, not with the callbacks that import the module
+    from torch import nn
 
 __all__ = ["freeze_bn_stats", "freeze_layers", "layer_order", "parse_freeze", "trainable_count", "unfreeze_modules"]
 
@@ -91,10 +92,12 @@ def layer_order_or_empty(model: nn.Module) -> tuple[str, ...]:
 def freeze_bn_stats(model: nn.Module, names: list[str]) -> None:
     """Put the normalisation layers of frozen modules in eval mode (call after model.train()); a layer whose parameters
     were unfrozen since (requires_grad=True on any of them) updates its statistics again."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
     modules = dict(model.named_modules())
     for name in names:
         for module in modules[name].modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm) and not any(p.requires_grad for p in module.parameters()):
+            if isinstance(module, _BatchNorm) and not any(p.requires_grad for p in module.parameters()):
                 module.eval()
 
 

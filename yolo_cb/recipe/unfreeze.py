@@ -23,13 +23,14 @@ it is.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from yolo_cb.errors import ConfigError
 from yolo_cb.recipe.freeze import unfreeze_modules
 from yolo_cb.utils.log import LOGGER
+
+if TYPE_CHECKING:  # torch loads when a model is trained, not when the declared stages are checked
+    from torch import nn
 
 ALL = "all"  # a stage that unfreezes every module freeze= froze
 

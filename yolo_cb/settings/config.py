@@ -7,6 +7,7 @@ are in yolo_cb/settings/schema.py; each value is typed by yolo_cb/settings/value
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
 from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
-from yolo_cb.settings.ultralytics_keys import unknown_key_message
+from yolo_cb.settings.ultralytics_keys import refused_keys_message, split_cfg_keys, unknown_key_message
 from yolo_cb.settings.user import load_user_settings
 from yolo_cb.settings.values import (  # noqa: F401
     ALIASES,
@@ -31,6 +32,7 @@ from yolo_cb.settings.values import (  # noqa: F401
     resolve_close_mosaic,
 )
 from yolo_cb.utils.files import atomic_write_text
+from yolo_cb.utils.log import LOGGER, setup_logging
 from yolo_cb.utils.paths import find_dataset_cfg
 from yolo_cb.utils.yaml_safe import load_yaml
 
@@ -103,8 +105,27 @@ def load_cfg_file(cfg_file: Any, defaults: dict[str, Any] | None = None) -> dict
     loaded = load_yaml(path, ConfigError, "settings file (cfg=)") or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"cfg={cfg_file}: expected a mapping of settings, got {type(loaded).__name__}")
-    check_keys(loaded, defaults or load_defaults(), source=str(path))
-    return loaded
+    return read_whole(loaded, defaults or load_defaults(), str(path))
+
+
+def read_whole(loaded: dict[str, Any], valid: dict[str, Any], path: str) -> dict[str, Any]:
+    """A cfg= file's settings read whole (Ultralytics' own default.yaml, as `yolo copy-cfg` writes it, included): every key
+    yolo-cb cannot use in one ConfigError; Ultralytics settings yolo-cb lacks that hold Ultralytics' default, and
+    `opset:` / `channels_last:` / `nms:` left empty, are left out with one info line naming them."""
+    refused, left_out, nulls = split_cfg_keys(loaded, valid)
+    if refused:
+        raise ConfigError(refused_keys_message(loaded, refused, valid, path))
+    parts = [f"{', '.join(left_out)} (Ultralytics settings yolo-cb does not have, each at Ultralytics' default)"] if left_out else []
+    parts += [f"{', '.join(nulls)} (empty: yolo-cb's default)"] if nulls else []
+    said = f"cfg={path}: left out, as asking for nothing: {'; '.join(parts)}"
+    if parts and said not in _SAID:  # once per process: the settings of one command are resolved more than once
+        _SAID.add(said)
+        setup_logging()
+        LOGGER.info(said)
+    return {k: v for k, v in loaded.items() if k not in left_out and k not in nulls}
+
+
+_SAID: set[str] = set()
 
 
 def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
@@ -146,7 +167,8 @@ def names_a_resume(value: Any) -> bool:
     return value is not None and coerce("resume", value) not in (None, False)
 
 
-MODE_SETTINGS = {"augment": ("predict", "val"), "single_cls": ("train", "val", "tune")}  # switches only these modes read
+MODE_SETTINGS = {"augment": ("predict", "track", "val"), "single_cls": ("train", "val", "tune"), "persist": ("track",),
+                 "embed": ("predict",)}  # switches only these modes read
 
 
 def check_pairs(config: Config) -> Config:
@@ -156,17 +178,20 @@ def check_pairs(config: Config) -> Config:
     if config.unfreeze_epoch is not None and config.freeze is None:
         raise ConfigError(f"invalid value for 'unfreeze_epoch': {config.unfreeze_epoch}; nothing is frozen: set freeze= "
                           f"(a layer count or module names) as well, or leave unfreeze_epoch empty")
-    warmup, default_warmup = config.unfreeze_warmup, load_defaults()["unfreeze_warmup"]
+    defaults = load_defaults()
+    warmup, default_warmup = config.unfreeze_warmup, defaults["unfreeze_warmup"]
     if config.freeze is None and warmup != default_warmup:
         raise ConfigError(f"invalid value for 'unfreeze_warmup': {warmup}; it is the warmup of layers that were frozen, and "
                           f"nothing is frozen: set freeze= as well, or leave unfreeze_warmup at {default_warmup}")
-    if config.worst_source != load_defaults()["worst_source"] and not config.worst_batches:
+    if config.worst_source != defaults["worst_source"] and not config.worst_batches:
         raise ConfigError(f"invalid value for 'worst_source': {config.worst_source}; it says what worst_batches ranks, and "
                           f"worst_batches is 0 (off): set worst_batches=k as well")
     for key, modes in MODE_SETTINGS.items():
         if getattr(config, key) and config.mode not in modes:
-            raise ConfigError(f"{key}=True is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
+            raise ConfigError(f"{key}={getattr(config, key)} is a {' / '.join(modes)} setting; {config.mode} does not read it (Ultralytics ignores it "
                               f"there): drop it" + (". Training's augmentation: mosaic=, fliplr=, scale=, hsv_h=, ..." if key == "augment" else ""))
+    if config.mode == "track":
+        require_trackers()  # before torch loads
     k = config.average_best
     if k and (k < 2 or config.save_topk < k):
         raise ConfigError(f"invalid value for 'average_best': {k}; it averages the best_epoch*.pt files save_topk keeps: give "
@@ -210,3 +235,14 @@ def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved settings as YAML (args.yaml in each run dir)."""
     data = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.as_dict().items()}
     atomic_write_text(Path(path), yaml.safe_dump(data, sort_keys=False))
+
+
+def require_trackers() -> None:
+    """The one-line refusal when the tracker package (the `track` extra) is not installed, found without importing it."""
+    try:
+        found = importlib.util.find_spec("trackers") is not None
+    except ImportError:  # a finder that refuses the name
+        found = False
+    if not found:
+        raise ConfigError("track needs the `trackers` package (BoT-SORT / ByteTrack), which is not installed: "
+                          "pip install 'yolo-cb[track]'")

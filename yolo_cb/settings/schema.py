@@ -49,9 +49,9 @@ class Setting:
     """One setting: `kind` says how a value is typed and checked (see the module docstring)."""
 
     kind: str
-    low: float | None = None  # int / float kinds: inclusive bounds; None = unbounded
+    low: float | None = None  # int / float kinds: inclusive bounds (floats: high only); None = unbounded
     high: float | None = None
-    multiple: int | None = None  # int: the value must be a multiple of this (imgsz: the largest stride)
+    multiple: int | None = None  # int: a multiple of this, rounded up with a warning (imgsz: the largest stride)
     low_open: bool = False  # fraction: 0 is excluded
     choices: tuple = ()  # enum: the accepted values (strings match case-insensitively)
     aliases: tuple = ()  # enum: (given, meant) pairs matched by identity (cache=True means ram)
@@ -85,7 +85,7 @@ class Settings:
 
     # what to run
     task: Annotated[str, _enum("detect")]
-    mode: Annotated[str, _enum("train", "val", "predict", "export", "tune", "benchmark", **R)]
+    mode: Annotated[str, _enum("train", "val", "predict", "track", "export", "tune", "benchmark", **R)]
     model: Annotated[str | None, _k("text")]
     trust: Annotated[bool, _k("bool")]
     data: Annotated[str | None, _k("text")]
@@ -157,6 +157,7 @@ class Settings:
     translate: Annotated[float, _k("fraction")]
     scale: Annotated[float, _k("fraction")]
     shear: Annotated[float, _k("nonneg")]
+    perspective: Annotated[float, _k("nonneg", high=0.001)]
     flipud: Annotated[float, _k("fraction")]
     fliplr: Annotated[float, _k("fraction")]
     mosaic: Annotated[float, _k("fraction")]
@@ -187,6 +188,10 @@ class Settings:
     show: Annotated[bool, _k("bool")]
     save_crop: Annotated[bool, _k("bool")]
     line_width: Annotated[int | None, _int(1)]
+    vid_stride: Annotated[int, _int(1)]
+    embed: Annotated[list[int] | None, _k("classes")]
+    tracker: Annotated[str, _enum("botsort.yaml", "bytetrack.yaml", "botsort", "bytetrack")]
+    persist: Annotated[bool, _k("bool")]
     # export
     format: Annotated[str, _enum("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml")]
     int8: Annotated[bool, _k("bool")]

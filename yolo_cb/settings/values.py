@@ -4,16 +4,18 @@
 
 from __future__ import annotations
 
-import importlib
+import functools
 import re
 from typing import Any
 
 import yaml
 
+from yolo_cb.callbacks.registry import import_user_module
 from yolo_cb.callbacks.spec_check import check_callbacks
 from yolo_cb.errors import ConfigError, short_repr
 from yolo_cb.settings import lr_settings
 from yolo_cb.settings.schema import RULES, Setting, schema, settings_of_kind, usable_cpus
+from yolo_cb.utils.log import LOGGER
 from yolo_cb.utils.yaml_safe import yaml_loads
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
@@ -38,11 +40,22 @@ def _parse_scalar(text: str) -> Any:
     stripped = text.strip()
     if not stripped:
         return None
+    parsed = _yaml_scalar(stripped)
+    return text if parsed is _NOT_SCALAR else parsed
+
+
+_NOT_SCALAR = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _yaml_scalar(text: str) -> Any:
+    """The YAML scalar `text` spells, or _NOT_SCALAR (a list, a mapping, invalid YAML). Cached: the settings are resolved
+    at every predict call (`for frame in frames: model(frame)`), and a scalar (immutable) is the same every time."""
     try:
-        parsed = yaml_loads(stripped)
+        parsed = yaml_loads(text)
     except yaml.YAMLError:
-        return text
-    return text if isinstance(parsed, (dict, list)) else parsed
+        return _NOT_SCALAR
+    return _NOT_SCALAR if isinstance(parsed, (dict, list)) else parsed
 
 
 def _as_number(value: Any) -> Any:
@@ -106,10 +119,24 @@ def _int(key: str, rule: Setting, value: Any, default: Any) -> int | None:
     low, high = rule.low, rule.high
     if (low is not None and value < low) or (high is not None and value > high):
         raise _bad(key, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
-    if rule.multiple and value % rule.multiple:
-        step = rule.multiple
-        raise _bad(key, value, f"a multiple of {step} (the model's largest stride), e.g. {max(step, round(value / step) * step)}")
+    if rule.multiple and value % rule.multiple:  # as Ultralytics: rounded up to the stride, with a warning
+        rounded = -(-value // rule.multiple) * rule.multiple
+        if high is not None and rounded > high:
+            raise _bad(key, value, f"a multiple of {rule.multiple} (the model's largest stride) <= {high}")
+        warn_once(f"WARNING {key}={value} must be a multiple of {rule.multiple} (the model's largest stride): {rounded} is used "
+                  f"(rounded up, as Ultralytics does)")
+        value = rounded
     return value
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log a warning once per process (the settings of one command are resolved more than once)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        LOGGER.warning(message)
 
 
 def _procs(key: str, rule: Setting, value: Any, default: Any) -> int | None:
@@ -135,8 +162,8 @@ def _float(key: str, rule: Setting, value: Any, default: Any) -> float | None:
         raise _bad(key, value, "a number")
     value = float(value)
     out_of_range, expected = FLOAT_CHECKS[rule.kind]
-    if out_of_range(value):
-        raise _bad(key, value, expected)
+    if out_of_range(value) or (rule.high is not None and value > rule.high):
+        raise _bad(key, value, expected + (f" and <= {rule.high}" if rule.high is not None else ""))
     if rule.low_open and value == 0.0:
         raise _bad(key, value, "a fraction in (0, 1]")
     return value
@@ -171,7 +198,7 @@ def _modules(key: str, rule: Setting, value: Any, default: Any) -> list[str] | N
         raise _bad(key, value, "module names, comma separated or a list (e.g. mypkg.callbacks)")
     for name in names:
         try:
-            importlib.import_module(name)
+            import_user_module(name)
         except Exception as error:  # the user's module: named, with its error's first line
             raise ConfigError(f"invalid value for '{key}': cannot import module '{name}' ({type(error).__name__}: "
                               f"{(str(error).splitlines() or [''])[0][:200]}); give an importable module name") from None
@@ -255,7 +282,7 @@ def resolve_close_mosaic(sources: list[dict], default: int) -> int:
     return value
 
 
-def _coerce_classes(value: Any) -> list[int] | None:
+def _coerce_classes(value: Any, key: str = "classes") -> list[int] | None:
     if value is None or value == "":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -265,11 +292,11 @@ def _coerce_classes(value: Any) -> list[int] | None:
     try:
         return [int(v) for v in value]
     except (TypeError, ValueError):
-        raise _bad("classes", value, "a class id or a list of class ids, e.g. classes=0,2") from None
+        raise _bad(key, value, f"an integer or a list of integers, e.g. {key}=0,2") from None
 
 
 def _classes(key: str, rule: Setting, value: Any, default: Any) -> list[int] | None:
-    return _coerce_classes(value)
+    return _coerce_classes(value, key)
 
 
 COERCERS = {  # a setting's kind (yolo_cb/settings/schema.py) -> how a value of it is typed and checked

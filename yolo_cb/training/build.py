@@ -16,7 +16,7 @@ import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.data.check import training_summary
-from yolo_cb.data.loader import build_dataloader, build_yolo_dataset
+from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.data.resolve import single_class
 from yolo_cb.errors import ConfigError
@@ -134,23 +134,28 @@ class Loaders:
     extra: dict = field(default_factory=dict)  # name -> loader of each validation set after the first (rank 0 only)
 
 
-def build_loaders(args: Config, data: dict, rank: int, is_main: bool) -> Loaders:
+def build_loaders(args: Config, data: dict, rank: int, is_main: bool, device: torch.device) -> Loaders:
+    """The training loader (workers that run through the whole run, batches in the model's memory format, pinned for a
+    CUDA device) and rank 0's validation loaders."""
     stride, names = 32, data.get("label_names", data["names"])  # single_cls: the YAML's, by which labels are checked
     if rank > 0:
         distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
     train_set = build_yolo_dataset(args, data["train"], "train", names, stride=stride, batch=args.batch, write_caches=is_main)
     if rank == 0:
         distributed.barrier()
-    loaders = Loaders(build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=rank, seed=args.seed))
+    pin = device.type == "cuda"  # page-locked batches: the copy to the device overlaps the step (non_blocking)
+    loaders = Loaders(build_dataloader(train_set, args.batch, args.workers, shuffle=True, rank=rank, seed=args.seed, pin_memory=pin,
+                                       channels_last=bool(args.channels_last), span_epochs=True))
     if is_main:
         split = data.get(args.split if args.split != "train" else "val") or data.get("val")
         val_set = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
         LOGGER.info(training_summary({"train": train_set.labels, "val": val_set.labels}, dict(names)))
-        loaders.test = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+        loaders.test = build_dataloader(val_set, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed, pin_memory=pin)
         if args.split == "val":
             for name, split in extra_sets(data).items():
                 dataset = build_yolo_dataset(args, split, "val", names, stride=stride, batch=args.batch * 2)
-                loaders.extra[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed)
+                loaders.extra[name] = build_dataloader(dataset, args.batch * 2, args.workers, shuffle=False, rank=-1, seed=args.seed,
+                                                       pin_memory=pin)
     return loaders
 
 

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from yolo_cb.data.loader import batch_shape
+from yolo_cb.data import batch as batch_keys
+from yolo_cb.data.batch import batch_shape
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.recipe.schedule import Warmup
 from yolo_cb.training.run_state import Clock, RunState
@@ -108,6 +109,7 @@ class BatchStep:
     @property
     def batch_size_px(self) -> int:
         return batch_shape(self.batch, self.imgsz)[1]
+
     def bind(self, binding: StepBinding) -> None:
         self.run_with = binding
 
@@ -132,7 +134,9 @@ class BatchStep:
         """Train on self.batch, batch `batch_i` of `epoch` and `ni` of the run: on_train_batch_start ... (optimizer_step,
         on_before_zero_grad when a step is due); what it did."""
         bound = self.run_with
+        before = batch_keys.snapshot(self.batch)
         bound.fire("on_train_batch_start")
+        batch_keys.apply_edits(self.batch, before)  # a callback's edit of trainer.batch["cls"] / ["bboxes"] / ["batch_idx"] trains
         clock, start = bound.clock, perf_counter()
         args, device = bound.args, bound.device
         warming = self.warmup.accumulate(ni, args.nbs, self.global_batch)  # during warmup, from 1 batch up to the nominal batch

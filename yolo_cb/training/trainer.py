@@ -20,7 +20,7 @@ import torch
 
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, restore_best_weights, serialize_checkpoint
-from yolo_cb.data.loader import close_loaders
+from yolo_cb.data.loading.loader import close_loaders
 from yolo_cb.evaluation import val_sets
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
 from yolo_cb.evaluation.validator import Validator
@@ -193,7 +193,7 @@ class Trainer(TrainerSurface):
         build.seed_everything(args.seed + max(self.rank, 0), args.deterministic)
         self.parts.data = build.check_data(args, self.rank)
         self._build_model()
-        loaders = build.build_loaders(args, self.data, self.rank, self.is_main)
+        loaders = build.build_loaders(args, self.data, self.rank, self.is_main, self.device)
         self.parts.train_loader, self.parts.test_loader, self.parts.extra_val = loaders.train, loaders.test, loaders.extra
         self.parts.num_batches = len(loaders.train)
         planned = self.step.plan_optimizer(args, self.device, self.world_size, self.num_batches, len(self.train_loader.dataset), self.epochs)

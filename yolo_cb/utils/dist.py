@@ -1,23 +1,32 @@
-"""torch.distributed helpers: who am I, and agreeing on a flag or a dict across ranks."""
+"""torch.distributed helpers: who am I, and agreeing on a flag or a dict across ranks.
+
+Each function imports torch itself: the callbacks that import this module are registered (and `yolo-cb callbacks`
+lists them) without loading torch."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 
 def rank() -> int:
+    import torch.distributed as dist
+
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "-1"))
 
 
 def world_size() -> int:
+    import torch.distributed as dist
+
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def is_distributed() -> bool:
+    import torch.distributed as dist
+
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -25,6 +34,9 @@ def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     """True on every rank if `flag` is True on any rank (all-reduce MAX); the flag itself when not distributed."""
     if not is_distributed():
         return bool(flag)
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
@@ -34,6 +46,9 @@ def max_over_ranks(values: list[int], device: torch.device | str = "cpu") -> lis
     """Element-wise maximum of small integer flags over all ranks (one all-reduce); the values when not distributed."""
     if not is_distributed():
         return [int(v) for v in values]
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [int(v) for v in t.tolist()]
@@ -43,6 +58,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s object on every rank."""
     if not is_distributed():
         return obj
+    import torch.distributed as dist
+
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
@@ -52,6 +69,8 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     """Every rank's object, as a list indexed by rank, on rank `dst` (None elsewhere); [obj] when not distributed."""
     if not is_distributed():
         return [obj]
+    import torch.distributed as dist
+
     gathered = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(obj, gathered, dst=dst)
     return gathered
@@ -63,6 +82,8 @@ def init_process_group(backend: str) -> None:
     After a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) the workers get the same store as the attempt that
     failed, which still holds that attempt's keys: a rank could read a dead rank's address and fail to connect
     ("Connection refused"). Each attempt's keys therefore go under their own prefix."""
+    import torch.distributed as dist
+
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if attempt == "0":
         dist.init_process_group(backend)
@@ -73,4 +94,6 @@ def init_process_group(backend: str) -> None:
 
 def barrier() -> None:
     if is_distributed():
+        import torch.distributed as dist
+
         dist.barrier()

@@ -8,11 +8,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from yolo_cb.utils.files import atomic_write_bytes
+
+if TYPE_CHECKING:  # the functions import torch: the visualisation callbacks are registered before torch loads
+    import torch
 
 MAX_IMAGES = 16  # at most this many images of a batch are drawn (a 4 x 4 grid)
 MAX_CANVAS = 1920  # the grid's longest side is at most this many pixels
@@ -74,6 +77,8 @@ def tile_scale(image_hw: tuple[int, int], n: int) -> float:
 def draw_boxes(img: np.ndarray, boxes: np.ndarray | torch.Tensor, names: dict[int, str], scores: bool = False,
                line_width: int | None = None) -> np.ndarray:
     """A copy of BGR `img` with `boxes` (n, 6) [x1, y1, x2, y2, score, cls] (pixels of img) drawn."""
+    import torch
+
     rows = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 6).tolist()
     return draw_detections(np.ascontiguousarray(img.copy()), rows, names, line_width, labels=True, conf=scores)
 
@@ -87,6 +92,7 @@ def plot_batch(images: torch.Tensor, boxes: Sequence[np.ndarray | torch.Tensor],
     (default `tile_scale`) and placed row by row on a white canvas with a 2 px gap.
     """
     import cv2
+    import torch
 
     images = images[:max_images]
     n, _, h, w = images.shape
@@ -126,6 +132,8 @@ def write_image(path: str | Path, image: np.ndarray) -> Path:
 
 def targets_to_boxes(targets: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
     """Loader targets (N, 6) [image index, cls, cx, cy, w, h] (pixels) -> per image (n, 6) [x1, y1, x2, y2, 1, cls]."""
+    import torch
+
     targets = targets.detach().float().cpu()
     out = []
     for i in range(batch_size):

@@ -1,21 +1,32 @@
-"""Files: atomic writes and auto-incremented run directories.
+"""Files: atomic writes, auto-incremented run directories, and bounded reads of files we did not write.
 
 Written files get the permissions any other new file would: 0o666 less the process umask (the kernel applies
 it, and a folder's default ACL, when the temp file is created), or the permissions of the file they replace.
 Failures the user can fix (read-only or full filesystem, a file where a folder should be) raise WriteError,
 an OSError that names the path.
+
+Reading (:func:`read_bounded`, at the end) is the one way yolo-cb reads a file a dataset or a user names: a data YAML
+of 48 MB was still being parsed after 240 s (2.2 GB), and a VOC image-set list that was a FIFO made a run wait for a
+writer forever. Every such file (a data, settings or model YAML, an image list, a VOC image-set list, a COCO / LabelMe /
+Label Studio JSON, a VOC XML, a YOLO label file, the label cache) is looked at with ``os.stat`` first, and anything but
+a regular file (a FIFO, a folder, a device, a socket) is refused unopened; it is then opened with ``O_NONBLOCK`` (a FIFO
+swapped in after the ``stat`` opens at once instead of waiting for a writer) and checked again on the descriptor; and
+it may hold at most its kind's ``limit`` bytes (FileKind, below): at most ``limit + 1`` bytes are ever read, so a file
+that grows, or a special file that reports size 0, is refused all the same. A refusal is a FileRefused (a DataError:
+one line, exit status 2 on the CLI) naming the file, what it is or how large, and what would be right.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import secrets
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
-from yolo_cb.errors import ConfigError, WriteError, os_reason
+from yolo_cb.errors import ConfigError, DataError, WriteError, os_reason
+from yolo_cb.utils.log import printable
 
 # OSErrors caused by where the user asked us to write, not by a bug: reported as WriteError
 USER_FIXABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EFBIG}
@@ -154,7 +165,8 @@ def create_new_file(folder: Path, stem: str, suffix: str) -> tuple[int, Path]:
 
 
 def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Path:
-    """runs/detect/train -> runs/detect/train2, train3, ... unless exist_ok; creates the folder.
+    """runs/detect/train -> runs/detect/train-2, train-3, ... unless exist_ok; creates the folder. As Ultralytics 8.4, the
+    number is appended to the name as given (name=t10 twice: t10, then t10-2).
 
     Claiming a name is its mkdir (without exist_ok): of several processes starting at once, each gets its own folder."""
     path = Path(path)
@@ -172,9 +184,12 @@ def increment_path(path: Path, exist_ok: bool = False, mkdir: bool = True) -> Pa
             candidate = _next_free(path, after=candidate)
 
 
+RUN_NUMBER_SEPARATOR = "-"  # train, train-2, train-3: Ultralytics 8.4's separator (before 8.4: none, train2)
+
+
 def _next_free(path: Path, after: Path | None = None) -> Path:
-    """The first name path.stem2, stem3, ... (after `after`, if given) that does not exist yet."""
-    stem = re.sub(r"\d+$", "", path.name) or path.name
+    """The first name <name>-2, <name>-3, ... (after `after`, if given) that does not exist yet."""
+    stem = path.name + RUN_NUMBER_SEPARATOR
     n = 2
     if after is not None and after != path:
         n = int(after.name[len(stem):]) + 1
@@ -210,7 +225,7 @@ def _is_file_in_the_way(path: Path) -> bool:
 
 def run_dir(args, mode: str) -> Path:
     """The run directory for `mode` from project=/name=/exist_ok= (<project or runs/detect>/<name or mode>), created:
-    runs/detect/train, then train2, train3, ... as Ultralytics names them.
+    runs/detect/train, then train-2, train-3, ... as Ultralytics 8.4 names them.
 
     A project= that cannot hold it (a file, read-only, full) raises WriteError naming project= and the reason."""
     project = Path(args.project) if args.project else default_project(args)
@@ -223,3 +238,108 @@ def run_dir(args, mode: str) -> Path:
         setting = f"project={args.project}" if args.project else f"the default project folder {project}"
         raise WriteError(f"{setting}: cannot create the run folder {wanted}: {reason}; pass project= a folder this process "
                          f"may write to", error.errno, str(wanted)) from error
+
+
+# --- reading a file we did not write --------------------------------------------------------------------------------
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """A kind of file read from a dataset or a user, and the most bytes one may hold."""
+
+    what: str  # named in the error line: "YAML file", "image list", ...
+    limit: int  # bytes
+
+
+# The bounds, each with why (docs/security.md, "Files read from a dataset"):
+YAML_FILE = FileKind("YAML file", 1 * MiB)  # data, cfg=, model, space= YAMLs: one with 1000 class names is tens of KB
+LIST_FILE = FileKind("list file", 512 * MiB)  # an image list or a VOC image-set list: 5 million image paths of 100 characters
+ANNOTATION_JSON = FileKind("annotation JSON", 2048 * MiB)  # COCO's instances_train2017.json is 448 MB: room for 4 of it
+ANNOTATION_XML = FileKind("VOC annotation", 16 * MiB)  # one image's objects: a few KB
+LABEL_FILE = FileKind("label file", 16 * MiB)  # one image's boxes, ~40 bytes each: 16 MiB is 400,000 boxes
+LABEL_CACHE = FileKind("label cache", 2048 * MiB)  # every label of a split, as JSON: as large as an annotation JSON
+
+FILE_TYPES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class FileRefused(DataError):
+    """A file refused unread: not a regular file, or larger than its kind may be. `reason` is the line without the path."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        super().__init__(f"{printable(path)}: {reason}")
+        self.reason = reason
+
+
+def size_text(n: int) -> str:
+    """Bytes as people say them: 512 B, 1.0 MiB, 2.1 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", MiB), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _refuse_mode(path: str | os.PathLike, mode: int, what: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in FILE_TYPES if test(mode)), "a special file")
+    raise FileRefused(path, f"is not a regular file but {kind}; {article(what)} {what} is read only from a regular file, never "
+                            f"waited on: name the file itself")
+
+
+def article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _refuse_size(path: str | os.PathLike, size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise FileRefused(path, f"holds {size_text(size) if size > limit + 1 else 'more than ' + size_text(limit)}, and {article(what)} {what} "
+                                f"may hold at most {size_text(limit)}; yolo-cb does not read it: check that it is the right file")
+
+
+def require_regular(path: str | os.PathLike, what: str) -> os.stat_result:
+    """`path`'s stat (links followed) when it is a regular file; FileRefused naming what it is otherwise (a FIFO, a
+    folder, a device, a socket). A missing file raises FileNotFoundError as it is."""
+    found = os.stat(path)
+    _refuse_mode(path, found.st_mode, what)
+    return found
+
+
+def read_bounded(path: str | os.PathLike, kind: FileKind, what: str | None = None) -> bytes:
+    """The bytes of the regular file `path`, at most ``kind.limit`` of them; FileRefused otherwise (see the module
+    docstring). `what` names the file in the error line (default: the kind's name). A missing or unreadable file raises
+    the OSError as it is."""
+    what = what or kind.what
+    _refuse_size(path, require_regular(path, what).st_size, kind.limit, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        opened = os.fstat(fd)
+        _refuse_mode(path, opened.st_mode, what)  # swapped for a FIFO or a device after the stat: still refused
+        data = _read_at_most(f, opened.st_size, kind.limit + 1)
+    _refuse_size(path, len(data), kind.limit, what)
+    return data
+
+
+def _read_at_most(f, size: int, most: int) -> bytes:
+    """Up to `most` bytes of `f`, whose size said `size`: read(n) allocates n bytes first, so the first read asks for the
+    size (and a byte more, to see a file that grew) and any more comes in chunks of at most 1 MiB."""
+    parts = [f.read(min(size + 1, most))]
+    total = len(parts[0])
+    while total < most and (chunk := f.read(min(MiB, most - total))):
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
+def read_bounded_text(path: str | os.PathLike, kind: FileKind, what: str | None = None) -> str:
+    """:func:`read_bounded` as UTF-8 text (a byte order mark, from Windows editors, is not data); UnicodeDecodeError as it is."""
+    return read_bounded(path, kind, what).decode("utf-8-sig")
+
+
+def existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists (where a file system can be asked for its free space)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path

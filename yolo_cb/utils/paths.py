@@ -23,9 +23,14 @@ DEFAULT_MODEL = "yolocb-n.yaml"  # the model YAML trained when none is named (th
 
 
 def _find_bundled(name: str, folder: Path, kind: str) -> Path:
-    """Resolve `name` as a path, else as a bundled file in `folder` (with or without .yaml)."""
-    path = Path(name).expanduser()
-    if path.is_file():
+    """Resolve `name` as a path, else as a bundled file in `folder` (with or without .yaml). A path that is there but is no
+    folder (a FIFO, a device) is returned as it is, for its reader to refuse by name (read_bounded, yolo_cb/utils/files.py)."""
+    try:
+        path = Path(name).expanduser()
+    except RuntimeError:  # ~nosuchuser
+        raise FileNotFoundError(f"{kind} '{name[:200]}' not found: {name.split('/')[0][:100]!r} is the home folder of no user "
+                                f"on this machine") from None
+    if path.exists() and not path.is_dir():
         return path
     stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
     bundled = folder / stem

@@ -23,7 +23,7 @@ from pathlib import Path
 from yolo_cb.data.formats.coco import is_coco_json, read_coco
 from yolo_cb.data.formats.common import COUNT_WORDS, Split, new_temp_folder, summary, write_split
 from yolo_cb.data.formats.voc import annotation_path, is_voc_folder, is_voc_list, read_ids, read_voc, split_list
-from yolo_cb.utils.files import atomic_write_text, write_error
+from yolo_cb.utils.files import LABEL_CACHE, atomic_write_text, read_bounded_text, write_error
 from yolo_cb.utils.log import printable
 
 LOGGER = logging.getLogger("yolo_cb")
@@ -114,6 +114,6 @@ def conversion_record(images_folder: str | os.PathLike) -> dict | None:
     if Path(images_folder).parent.name != "images" or record.parent.parent.name != FOLDER or not record.is_file():
         return None
     try:
-        return json.loads(record.read_text(encoding="utf-8"))
+        return json.loads(read_bounded_text(record, LABEL_CACHE))
     except (OSError, ValueError):
         return None

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, inside_root, locate, numbers, safe_name
 from yolo_cb.errors import DataError, short_repr
+from yolo_cb.utils.files import ANNOTATION_JSON, FileRefused, read_bounded_text
 
 ROBOFLOW_STEM = "_annotations.coco"  # Roboflow's COCO export: <split>/_annotations.coco.json beside the split's images
 ANNOTATIONS = "annotations"  # the folder of COCO 2017's JSONs, beside its image folders
@@ -44,7 +45,9 @@ ANNOTATIONS = "annotations"  # the folder of COCO 2017's JSONs, beside its image
 def load_json(path: Path):
     """The parsed JSON of `path`, or a DataError naming the file and where the syntax breaks."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        return json.loads(read_bounded_text(path, ANNOTATION_JSON))  # a FIFO or a device refused by name, never waited on
+    except FileRefused:
+        raise
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); nothing was written") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, inside_root, locate, numbers
 from yolo_cb.errors import DataError, os_reason, short_repr
+from yolo_cb.utils.files import ANNOTATION_XML, LIST_FILE, read_bounded, read_bounded_text
 
 DECLARATIONS = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
@@ -57,7 +58,7 @@ def split_list(path: Path, split: str) -> Path:
 def parse_xml(path: Path) -> ET.Element:
     """The root element of an annotation file; refused (DataError) when malformed or when it declares a DOCTYPE/ENTITY."""
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path, ANNOTATION_XML)  # a FIFO or a device refused by name, never waited on
     except OSError as error:
         raise DataError(f"{path}: cannot be read ({error}); nothing was written") from None
     if DECLARATIONS.search(raw):
@@ -86,7 +87,7 @@ def read_ids(listed: Path, counts: Counter) -> list[str]:
 
 def _list_text(listed: Path) -> str:
     try:
-        return listed.read_text(encoding="utf-8-sig")
+        return read_bounded_text(listed, LIST_FILE, "VOC image-set list")
     except UnicodeDecodeError as error:
         raise DataError(f"{listed}: not UTF-8 text (byte {error.object[error.start]:#04x} at position {error.start}); an "
                         f"image-set list is one image id a line, in UTF-8; nothing was written") from None
@@ -106,7 +107,7 @@ def annotation_file(root: Path, image_id: str, source: Path) -> Path | None:
     if xml is None:
         return None
     try:
-        if xml.is_file():
+        if xml.exists() and not xml.is_dir():  # a FIFO or a device too: parse_xml refuses it by name
             return xml
         reason = "is missing"
     except OSError as error:  # a name too long for the file system
