@@ -24,9 +24,10 @@ GPU_TOTAL_S = 9 minutes: a part gets at most what is left; a part that fails rec
 3. ultralytics: its train loader alone, timed the same way at the same worker counts, then YOLO11n and YOLO26n with the
    same imgsz / batch / epochs / workers / cache / amp / validation, timed by the same EpochClock; our images/s as a
    ratio of theirs (goal: >= 1.3x YOLO11n's); a row says why when Ultralytics is not importable;
-4. augment: the device-side augmentation (--augment-fn, default yolo_cb.data.device_augment:augment_batch, called as
-   fn(batch) on one real batch on the device): ms per batch, eager and compiled; "not available in this version"
-   where that function does not exist;
+4. augment: the device-side augmentation (--augment-fn, default yolo_cb.data.loading.device_colour:augment_batch: the
+   HSV jitter and /255 of colour_on=device, called as fn(batch) on one real batch whose workers left the colour to the
+   device, on the device): ms per batch, eager and compiled; "not available in this version" where that function does
+   not exist;
 5. ddp: model.train(nproc=2) on the one GPU (nccl where it allows two ranks on one GPU, else gloo on the GPU), with a
    closure callback that records every batch per rank and sets trainer.stop on rank 1 (the 512 unique images);
 6. export: the first training's best.pt to ONNX, validated on the val split against PyTorch; a TensorRT engine from it,

@@ -16,9 +16,10 @@ kind of figure the first GPU check reported).
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 
-AUGMENT_FN = "yolo_cb.data.device_augment:augment_batch"  # the device-side augmentation (issue 58 item 2), when it exists
+AUGMENT_FN = "yolo_cb.data.loading.device_colour:augment_batch"  # the device-side augmentation (issue 58 item 2), when it exists
 
 
 def time_epochs(loader, epochs: int, files_key: str = "im_files", consumer_s: float = 0.0, device: str | None = None) -> dict:
@@ -107,7 +108,8 @@ def our_loader_rows(spec: dict, result, error_row) -> None:
     hyp = settings(spec["imgsz"], "ram")
     hyp.batch = spec["batch"]
     start = time.perf_counter()
-    dataset = build_yolo_dataset(hyp, data["train"], "train", data["names"], batch=spec["batch"], write_caches=True)
+    deferred = {"colour_on_device": True} if "colour_on_device" in inspect.signature(build_yolo_dataset).parameters else {}
+    dataset = build_yolo_dataset(hyp, data["train"], "train", data["names"], batch=spec["batch"], write_caches=True, **deferred)
     result.checks["dataset"] = {"images": len(dataset), "build_s": time.perf_counter() - start}
 
     def loader(workers: int):
@@ -169,7 +171,7 @@ def lookup(path: str):
 
 def augment_part(spec: dict, result, error_row) -> None:
     """ms per batch of the device-side augmentation (spec["augment_fn"], `module:function`), eager and compiled, on one
-    real train batch (our loader, mosaic) moved to the device. The function is called as fn(batch), batch the loader's
+    real train batch (our loader, mosaic; the colour left to the device where this version can) moved to the device. The function is called as fn(batch), batch the loader's
     dict with its tensors on the device; a row says "not available in this version" when the function does not exist."""
     path = spec["augment_fn"]
     fn, why = lookup(path)
@@ -185,7 +187,8 @@ def augment_part(spec: dict, result, error_row) -> None:
     data = check_data(spec["data_small"])
     hyp = settings(spec["imgsz"], False)
     hyp.batch = spec["batch"]
-    dataset = build_yolo_dataset(hyp, data["train"], "train", data["names"], batch=spec["batch"], write_caches=True)
+    deferred = {"colour_on_device": True} if "colour_on_device" in inspect.signature(build_yolo_dataset).parameters else {}
+    dataset = build_yolo_dataset(hyp, data["train"], "train", data["names"], batch=spec["batch"], write_caches=True, **deferred)
     batch = next(iter(build_dataloader(dataset, spec["batch"], 0, shuffle=True, seed=0, pin_memory=False)))
     batch = {k: v.to(spec["device_name"]) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     variants = [("eager", fn)]

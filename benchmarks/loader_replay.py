@@ -3,6 +3,7 @@
     python benchmarks/loader_replay.py [--data DIR] [--imgsz 640] [--batch 64] [--workers 2] [--epochs 4]
         [--step-ms 50] [--boundary-s 1.0] [--cache none ram] [--rounds 3] [--baseline-ref 7d42114]
         [--ultralytics-python /work/venv-ul/bin/python] [--parts check replay cpu] [--cpu-batch-sizes 64 16]
+        [--sides before after after-device ultralytics]
 
 Each side builds its training loader as its trainer does (ours: build_yolo_dataset + build_dataloader, as
 yolo_cb/training/build.py calls it at that commit; Ultralytics: ultralytics.data.build.build_yolo_dataset +
@@ -17,7 +18,9 @@ build_dataloader) with each side's default augmentation (mosaic 1.0), in its own
 - check: the harness on a case whose answer is known: a step so long (`check-step-ms`) that no loader is the limit;
   the replay must report batch / step for the epochs (boundaries included: images / (batches x step + boundary)).
 
-Sides run one after another, `rounds` times, interleaved (before, after, Ultralytics, before, ...); the median of
+Sides: "before" (--baseline-ref), "after" (the working tree as its trainer builds the loader on a CPU: colour in the
+workers), "after-device" (the working tree with colour_on=device, as on a CUDA device: the workers draw the HSV gains and
+leave the colour to the device, issue 58 item 2), "ultralytics". Sides run one after another, `rounds` times, interleaved (before, after, Ultralytics, before, ...); the median of
 each side is printed with its ratio to ours before. "before" is --baseline-ref extracted with `git archive` into a
 temporary folder. The data folder is only read (label caches go where each side puts caches of read-only data).
 Only the standard library is imported at the top: a side imports what it uses.
@@ -44,15 +47,19 @@ SHARED = Path(os.environ.get("YOLO_CB_SHARED", ROOT.parent / "shared"))
 # --- one side, in its own process ----------------------------------------------------------------------------------
 def our_loader(p: dict):
     """Our training loader as the trainer of the code on PYTHONPATH builds it; (loader, key of the batch's files)."""
+    import importlib
     import inspect
 
-    from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
     from yolo_cb.data.resolve import check_data
     from yolo_cb.settings.config import get_config
 
+    loading = importlib.util.find_spec("yolo_cb.data.loading")  # the loader's package since issue 58; data/loader.py before
+    loader_module = importlib.import_module("yolo_cb.data.loading.loader" if loading else "yolo_cb.data.loader")
+    build_dataloader, build_yolo_dataset = loader_module.build_dataloader, loader_module.build_yolo_dataset
     args = get_config({"imgsz": p["imgsz"], "data": p["data"], "batch": p["batch"], "cache": p["cache"], "workers": p["workers"]})
     spec = check_data(p["data"], args.datasets_dir)
-    dataset = build_yolo_dataset(args, spec["train"], "train", spec["names"], batch=p["batch"])
+    colour = {"colour_on_device": True} if p.get("colour_on") == "device" else {}  # a side "after-device" (issue 58 item 2)
+    dataset = build_yolo_dataset(args, spec["train"], "train", spec["names"], batch=p["batch"], **colour)
     issue58 = "span_epochs" in inspect.signature(build_dataloader).parameters  # the trainer passes these since issue 58
     extra = {"span_epochs": True, "channels_last": bool(args.channels_last), "pin_memory": False} if issue58 else {}
     return build_dataloader(dataset, p["batch"], p["workers"], shuffle=True, seed=0, **extra), "im_files"
@@ -125,7 +132,8 @@ def iter_batches(loader):
 def run_side(side: str, part: str, params: dict, a, baseline: Path) -> dict:
     python = a.ultralytics_python if side == "ultralytics" else sys.executable
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(baseline if side == "before" else ROOT)}
-    payload = json.dumps({**params, "lib": "ultralytics" if side == "ultralytics" else "ours", "part": part})
+    colour = "device" if side == "after-device" else "worker"
+    payload = json.dumps({**params, "lib": "ultralytics" if side == "ultralytics" else "ours", "part": part, "colour_on": colour})
     with tempfile.TemporaryDirectory(prefix="replay_") as cwd:  # Ultralytics writes its settings and runs under the cwd
         out = subprocess.run([python, __file__, "--side", payload], capture_output=True, text=True, cwd=cwd, env=env)
     if out.returncode != 0:
@@ -163,7 +171,7 @@ def table(title: str, rows: dict[str, list[float]], unit: str) -> str:
 
 
 def compare(a, baseline: Path) -> None:
-    sides = ["before", "after"] + (["ultralytics"] if a.ultralytics_python else [])
+    sides = [s for s in a.sides if s != "ultralytics" or a.ultralytics_python]
     base = {"data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": a.workers, "epochs": a.epochs,
             "step_ms": a.step_ms, "boundary_s": a.boundary_s, "cpu_images": a.cpu_images}
     for cache in a.cache:
@@ -230,6 +238,7 @@ def main() -> None:
     ap.add_argument("--check-step-ms", type=float, default=3000.0)
     ap.add_argument("--baseline-ref", default="7d42114", help="the commit of 'ours before'")
     ap.add_argument("--ultralytics-python", default="/work/venv-ul/bin/python", help="'' leaves Ultralytics out")
+    ap.add_argument("--sides", nargs="+", choices=("before", "after", "after-device", "ultralytics"), default=["before", "after", "ultralytics"])
     ap.add_argument("--side", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:

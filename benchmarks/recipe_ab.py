@@ -6,7 +6,8 @@
 Each variant is the equal recipe of benchmarks/vs_ultralytics.py (batch 16, nbs 16, AdamW lr0 0.002, 1 warmup epoch,
 workers 0, seed 0, the last 3 epochs without mosaic when epochs > 3) with its KEY=VALUE settings on top; a variant with
 no settings is that recipe itself; `model=PATH` in a variant trains that model YAML instead of --model (an architecture
-A/B in one call). All variants start at once, each pinned to its own core with one thread (through
+A/B in one call); `tree=PATH` runs that variant on the yolo-cb source tree at PATH (a code A/B: `git worktree add
+/tmp/before <commit>`, then `--variant before tree=/tmp/before --variant after`). All variants start at once, each pinned to its own core with one thread (through
 vs_ultralytics.py's worker), so on 2 cores run two variants at a time. Prints the curves as a markdown table.
 DIR_OR_YAML: a YOLO dataset folder with data.yaml (e.g. ../shared/datasets/shapes or one made by make_datasets.py).
 """
@@ -43,13 +44,14 @@ def main() -> None:
         settings = {**base, **{k: _yaml_scalar(v) for k, v in (s.split("=", 1) for s in items)}}
         model = str(settings.pop("model", a.model))  # the worker runs in a temp folder: a relative YAML path made absolute
         model = str(Path(model).resolve()) if Path(model).is_file() else model
+        tree = str(Path(settings.pop("tree", ROOT)).resolve())  # the yolo-cb source this variant imports
         spec = {"lib": "yolo_cb", "model": model, "data": str(dataset_view(work / "data", False, source=a.data)),
                 "project": str(a.out.resolve() / name), "settings": settings, "core": cores[i % len(cores)],
                 "result": str(work / "result.json")}
         (work / "spec.json").write_text(json.dumps(spec, indent=1))
         a.out.mkdir(parents=True, exist_ok=True)
         jobs.append({"lib": "yolo_cb", "label": name, "python": a.python, "spec": work / "spec.json", "core": spec["core"],
-                     "log": a.out / f"{name}.log", "cwd": work, "items": items})
+                     "log": a.out / f"{name}.log", "cwd": work, "items": items, "pythonpath": tree})
     run_group(jobs)
     curves = {}
     for job, (name, *_items) in zip(jobs, a.variant, strict=True):

@@ -232,7 +232,7 @@ def run_group(jobs: list[dict], echo: bool = True) -> None:
     for job in jobs:
         env = {**os.environ, "YOLO_OFFLINE": "1", **{k: "1" for k in THREAD_ENV}}
         if job["lib"] == "yolo_cb":
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.get("pythonpath", str(ROOT)), env.get("PYTHONPATH")]))
         log = open(job["log"], "w")
         job["t_start"] = time.perf_counter()
         job["proc"] = subprocess.Popen([job["python"], str(Path(__file__).resolve()), "--worker", str(job["spec"])],

@@ -51,7 +51,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
                      "dataset_yaml", "resolve",
                      "convert", "check", "loading"),
     "yolo_cb.data.formats": ("common", "voc", "coco", "labelme", "cache"),
-    "yolo_cb.data.loading": ("worker_memory", "stream", "loader"),
+    "yolo_cb.data.loading": ("worker_memory", "stream", "device_colour", "loader"),
     "yolo_cb.checkpoints": ("fields", "megvii", "checkpoint", "weights"),
     "yolo_cb.recipe": ("early_stop", "ema", "freeze", "unfreeze", "monitor", "average", "optim", "schedule", "stop", "saver", "results_plot", "parts"),
     "yolo_cb.prediction": ("model_trust", "torchscript_check", "model_metadata", "onnx_session", "probe", "backend_base", "mobile_backends",

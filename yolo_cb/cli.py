@@ -219,7 +219,7 @@ def data_command(argv: list[str]) -> None:
         raise UsageError(f"{'data check' if command == 'data' else command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
     setup_logging()
     if command == "convert":
-        print(f"wrote {convert(values['source'], values['format'].lower(), values['out'], values.get('names'))}")
+        convert(values["source"], values["format"].lower(), values["out"], values.get("names"))  # it logs the data.yaml it wrote
         return
     report = format_report(*check_dataset(values["data"], values.get("datasets_dir") or None))
     print("\n".join(printable(line) for line in report.splitlines()))  # class names come from the user's files

@@ -56,8 +56,9 @@ class YOLODataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, img_path, imgsz, names, augment, hyp, rect=False, batch_size=16, stride=32,
-                 cache=False, fraction=1.0, prefix="train: ", write_caches=True, datasets_dir=None):
-        """datasets_dir: caches of data outside it go to yolo-cb's own cache folder (npy_cache.cache_place); None: beside."""
+                 cache=False, fraction=1.0, prefix="train: ", write_caches=True, datasets_dir=None, defer_colour=False):
+        """datasets_dir: caches of data outside it go to yolo-cb's own cache folder (npy_cache.cache_place); None: beside.
+        defer_colour: a sample carries its HSV gains (``hsv_gains``) for the training device instead of its colour."""
         super().__init__()
         self.imgsz, self.augment, self.hyp, self.rect = int(imgsz), bool(augment), hyp, bool(rect)
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
@@ -90,7 +91,7 @@ class YOLODataset(torch.utils.data.Dataset):
         self._disk_cache_failed = False  # set by the first failed .npy write (a full disk): no more writes
         if self.cache_mode:
             self.cache_images()
-        self.transforms = build_transforms(self, self.imgsz, hyp, self.augment, rect=self.rect)
+        self.transforms = build_transforms(self, self.imgsz, hyp, self.augment, rect=self.rect, defer_colour=defer_colour)
 
     @property
     def im_files(self) -> list[str]:
@@ -276,11 +277,13 @@ class YOLODataset(torch.utils.data.Dataset):
 
     @staticmethod
     def format(sample: dict) -> dict:
-        """To the batchable form: RGB uint8 tensor (3, H, W) over an (H, W, 3) array; boxes as pixel cx cy w h."""
+        """To the batchable form: RGB uint8 tensor (3, H, W) over an (H, W, 3) array; boxes as pixel cx cy w h; the HSV
+        gains left for the device (``hsv_gains``) when the sample has them."""
         img = cv2.cvtColor(sample["img"], cv2.COLOR_BGR2RGB)
         b = sample["bboxes"].reshape(-1, 4)
         xywh = np.stack([(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]], 1)
-        return {
+        gains = {"hsv_gains": torch.from_numpy(sample["hsv_gains"])} if "hsv_gains" in sample else {}
+        return {**gains,
             "img": torch.from_numpy(img).permute(2, 0, 1), "cls": torch.from_numpy(sample["cls"].astype(np.int64)),
             "bboxes": torch.from_numpy(xywh.astype(np.float32)), "im_file": sample["im_file"],
             "ori_shape": tuple(sample["ori_shape"]), "ratio_pad": sample["ratio_pad"], "mosaic": bool(sample["mosaic"]),

@@ -208,15 +208,22 @@ class MixUp:
 
 
 class RandomHSV:
-    """Random hue/saturation/value gains applied with three 256-entry lookup tables."""
+    """Random hue/saturation/value gains applied with three 256-entry lookup tables.
 
-    def __init__(self, hgain=0.015, sgain=0.7, vgain=0.4):
+    ``defer=True`` draws the gains the same way (the same numpy calls: the run's random sequence is unchanged) but only
+    records them as ``sample["hsv_gains"]`` (float64 (3,), the multipliers): the training device applies them to the
+    batch (data/loading/device_colour.py)."""
+
+    def __init__(self, hgain=0.015, sgain=0.7, vgain=0.4, defer: bool = False):
         self.gains = np.array([hgain, sgain, vgain], dtype=np.float64)
+        self.defer = bool(defer)
 
     def __call__(self, sample: dict) -> dict:
         if not self.gains.any():
             return sample
         r = np.random.uniform(-1, 1, 3) * self.gains + 1
+        if self.defer:
+            return dict(sample, hsv_gains=r)
         x = np.arange(256, dtype=np.float64)
         lut = np.empty((256, 1, 3), dtype=np.uint8)  # one table per channel, applied in one pass (no split / merge)
         lut[:, 0, 0] = np.mod(x * r[0], 180).astype(np.uint8)
@@ -271,11 +278,12 @@ class LetterBox:
         return dict(sample, img=img, bboxes=boxes.astype(np.float32), areas=sample["areas"] * r * r, ratio_pad=ratio_pad)
 
 
-def build_transforms(dataset, imgsz: int, hyp, augment: bool, rect: bool = False) -> list:
+def build_transforms(dataset, imgsz: int, hyp, augment: bool, rect: bool = False, defer_colour: bool = False) -> list:
     """The transform list for a dataset: full augmentation for training, letterbox only otherwise.
 
     Rectangular training batches (``rect=True``) use no mosaic, mixup or affine: they would
-    change the image shape the batch was planned for.
+    change the image shape the batch was planned for. ``defer_colour``: HSV gains drawn here, applied on the training
+    device (RandomHSV's ``defer``).
     """
     if not augment:
         return [LetterBox(imgsz, scaleup=False)]
@@ -290,7 +298,7 @@ def build_transforms(dataset, imgsz: int, hyp, augment: bool, rect: bool = False
         mosaic,
         affine,
         mixup,
-        RandomHSV(float(hyp.hsv_h), float(hyp.hsv_s), float(hyp.hsv_v)),
+        RandomHSV(float(hyp.hsv_h), float(hyp.hsv_s), float(hyp.hsv_v), defer=defer_colour),
         RandomFlip(float(hyp.fliplr), float(hyp.flipud)),
         LetterBox(imgsz),
     ]

@@ -29,7 +29,7 @@ import numpy as np
 from yolo_cb.data.label_file import polygons_boxed, verify_label
 from yolo_cb.data.npy_cache import cache_home, cache_place
 from yolo_cb.errors import DataError, os_reason
-from yolo_cb.utils.files import LABEL_CACHE, LIST_FILE, atomic_write_text, read_bounded_text, require_regular
+from yolo_cb.utils.files import LABEL_CACHE, LIST_FILE, article, atomic_write_text, read_bounded_text, require_regular
 
 LOGGER = logging.getLogger("yolo_cb")
 
@@ -65,7 +65,7 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
             found = [f for f in p.rglob("*") if f.suffix.lower() in suffixes and not f.is_dir()]
             files += sorted(str(f) for f in without_special_files(found, prefix))
         elif p.suffix.lower() == ".txt" and p.exists():  # a FIFO or a device too: refused by name, never waited on
-            for line in _list_text(p, prefix).splitlines():
+            for line in read_list(p, prefix=prefix).splitlines():
                 line = line.strip()
                 if line:
                     f = Path(line).expanduser()
@@ -79,15 +79,16 @@ def list_image_files(img_path, prefix: str = "") -> list[str]:
     return without_undecodable_names(files, prefix)
 
 
-def _list_text(path: Path, prefix: str) -> str:
-    """An image list's text: a regular file of at most LIST_FILE's bytes, in UTF-8 (DataError, one line, otherwise)."""
+def read_list(path: Path, what: str = "image list", each_line: str = "one image path", prefix: str = "", after: str = "") -> str:
+    """A list file's text (`what`: its name in messages; `each_line`: what a line holds): a regular file of at most
+    LIST_FILE's bytes, in UTF-8 (DataError, one line, otherwise; `after` ends the line, e.g. what was not done)."""
     try:
-        return read_bounded_text(path, LIST_FILE, "image list")
+        return read_bounded_text(path, LIST_FILE, what)
     except UnicodeDecodeError as error:
         raise DataError(f"{prefix}{shown_name(str(path))}: not UTF-8 text (byte {error.object[error.start]:#04x} at position "
-                        f"{error.start}); an image list is one image path a line, in UTF-8") from None
+                        f"{error.start}); {article(what)} {what} is {each_line} a line, in UTF-8{after}") from None
     except OSError as error:
-        raise DataError(f"{prefix}{shown_name(str(path))}: cannot read the image list ({os_reason(error)})") from None
+        raise DataError(f"{prefix}{shown_name(str(path))}: cannot read the {what} ({os_reason(error)}){after}") from None
 
 
 def without_special_files(found: list[Path], prefix: str = "") -> list[Path]:

@@ -153,6 +153,7 @@ class Settings:
     hsv_h: Annotated[float, _k("fraction")]
     hsv_s: Annotated[float, _k("fraction")]
     hsv_v: Annotated[float, _k("fraction")]
+    colour_on: Annotated[str, _enum("auto", "worker", "device", **RT)]
     degrees: Annotated[float, _k("nonneg")]
     translate: Annotated[float, _k("fraction")]
     scale: Annotated[float, _k("fraction")]

@@ -16,6 +16,7 @@ import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.data.check import training_summary
+from yolo_cb.data.loading.device_colour import colour_on_device
 from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
 from yolo_cb.data.resolve import check_data as resolve
 from yolo_cb.data.resolve import single_class
@@ -140,7 +141,11 @@ def build_loaders(args: Config, data: dict, rank: int, is_main: bool, device: to
     stride, names = 32, data.get("label_names", data["names"])  # single_cls: the YAML's, by which labels are checked
     if rank > 0:
         distributed.barrier()  # rank 0 verifies the labels and writes the caches first; the others read them
-    train_set = build_yolo_dataset(args, data["train"], "train", names, stride=stride, batch=args.batch, write_caches=is_main)
+    on_device = colour_on_device(args.colour_on, device.type)
+    if on_device and is_main:
+        LOGGER.info(f"colour_on={args.colour_on}: the HSV jitter of training batches runs on {device.type} (the workers draw the gains)")
+    train_set = build_yolo_dataset(args, data["train"], "train", names, stride=stride, batch=args.batch, write_caches=is_main,
+                                   colour_on_device=on_device)
     if rank == 0:
         distributed.barrier()
     pin = device.type == "cuda"  # page-locked batches: the copy to the device overlaps the step (non_blocking)

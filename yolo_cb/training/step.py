@@ -16,6 +16,7 @@ import torch
 
 from yolo_cb.data import batch as batch_keys
 from yolo_cb.data.batch import batch_shape
+from yolo_cb.data.loading.device_colour import model_input
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
 from yolo_cb.recipe.schedule import Warmup
 from yolo_cb.training.run_state import Clock, RunState
@@ -142,7 +143,8 @@ class BatchStep:
         warming = self.warmup.accumulate(ni, args.nbs, self.global_batch)  # during warmup, from 1 batch up to the nominal batch
         if warming is not None:
             self.accumulate = warming
-        images = self.batch["img"].to(device, non_blocking=True).float() / 255  # non_blocking: the loader pins memory on CUDA
+        # non_blocking: the loader pins memory on CUDA; colour here when the workers left it to the device (colour_on=)
+        images = model_input(self.batch["img"].to(device, non_blocking=True), self.batch.get("hsv_gains"))
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         targets = self.batch["targets"].to(device, non_blocking=True)

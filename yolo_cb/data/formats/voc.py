@@ -27,8 +27,9 @@ from collections import Counter
 from pathlib import Path
 
 from yolo_cb.data.formats.common import Image, Split, bad_input, class_map, clip_box, finish, inside_root, locate, numbers
+from yolo_cb.data.verify import read_list
 from yolo_cb.errors import DataError, os_reason, short_repr
-from yolo_cb.utils.files import ANNOTATION_XML, LIST_FILE, read_bounded, read_bounded_text
+from yolo_cb.utils.files import ANNOTATION_XML, read_bounded
 
 DECLARATIONS = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
@@ -73,7 +74,7 @@ def read_ids(listed: Path, counts: Counter) -> list[str]:
     """The image ids of an image-set list, in order, each once (one listed again is counted)."""
     ids: list[str] = []
     seen: set[str] = set()
-    for line in _list_text(listed).splitlines():
+    for line in read_list(listed, "VOC image-set list", "one image id", after="; nothing was written").splitlines():
         image_id = line.split()[0] if line.split() else ""
         if not image_id:
             continue
@@ -83,16 +84,6 @@ def read_ids(listed: Path, counts: Counter) -> list[str]:
         seen.add(image_id)
         ids.append(image_id)
     return ids
-
-
-def _list_text(listed: Path) -> str:
-    try:
-        return read_bounded_text(listed, LIST_FILE, "VOC image-set list")
-    except UnicodeDecodeError as error:
-        raise DataError(f"{listed}: not UTF-8 text (byte {error.object[error.start]:#04x} at position {error.start}); an "
-                        f"image-set list is one image id a line, in UTF-8; nothing was written") from None
-    except OSError as error:
-        raise DataError(f"{listed}: cannot be read ({os_reason(error)}); nothing was written") from None
 
 
 def annotation_path(root: Path, image_id: str) -> Path | None:

@@ -26,7 +26,7 @@ def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
     """Stack samples into a batch.
 
     ``img`` uint8 (B, 3, H, W) RGB (``channels_last``: in that memory format, which a sample's image already has, so it
-    is one plain copy); ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]`` in pixels of ``img``, and
+    is one plain copy); ``hsv_gains`` (B, 3) float64 when the colour is left to the device (data/loading/device_colour.py); ``targets`` float32 (N, 6) rows ``[image index, class, cx, cy, w, h]`` in pixels of ``img``, and
     Ultralytics' ``batch_idx``, ``cls``, ``bboxes`` (normalised) from it; ``im_files``; ``ori_shapes`` [(h0, w0)]; ``ratio_pad`` [(ratio, (pad_w, pad_h))] mapping ``img`` back to the
     original image with ``(xy - pad) / ratio``.
     """
@@ -44,6 +44,7 @@ def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
         rows.append(np.concatenate([np.full((n, 1), i), s["cls"].numpy().reshape(n, 1), s["bboxes"].numpy().reshape(n, 4)], 1))
     targets = torch.from_numpy(np.concatenate(rows).astype(np.float32))
     return {
+        **colour_gains(samples),
         "img": img,
         "targets": targets,
         **ultralytics_keys(targets, shape[1], shape[2]),  # batch_idx, cls, bboxes: data/batch.py
@@ -51,6 +52,16 @@ def collate_fn(samples: list[dict], channels_last: bool = False) -> dict:
         "ori_shapes": [tuple(s["ori_shape"]) for s in samples],
         "ratio_pad": [s["ratio_pad"] for s in samples],
     }
+
+
+def colour_gains(samples: list[dict]) -> dict:
+    """``{"hsv_gains": (B, 3) float64}`` when the samples' colour is left to the training device, else nothing."""
+    carrying = ["hsv_gains" in s for s in samples]
+    if not any(carrying):
+        return {}
+    if not all(carrying):
+        raise ValueError("a batch mixes samples with and without HSV gains for the device: one dataset defers colour or not")
+    return {"hsv_gains": torch.from_numpy(np.stack([s["hsv_gains"].numpy() for s in samples]))}
 
 
 def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
@@ -210,12 +221,13 @@ def build_dataloader(dataset, batch_size: int, workers: int, shuffle: bool, rank
 
 
 def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: int = 32, batch: int | None = None,
-                       write_caches: bool = True) -> YOLODataset:
+                       write_caches: bool = True, colour_on_device: bool = False) -> YOLODataset:
     """A YOLODataset from settings (``args`` has the keys of cfg/default.yaml).
 
     ``mode='train'`` augments (and uses ``args.rect``, ``args.fraction``); ``'val'`` letterboxes
     rectangular batches, with all images.
     ``write_caches=False`` (DDP ranks > 0) only reads label and .npy caches, never writes them.
+    ``colour_on_device``: training samples carry their HSV gains, applied on the device (device_colour.py), not colour.
     """
     if mode not in ("train", "val"):
         raise ValueError(f"mode={mode!r} must be 'train' or 'val'")
@@ -234,4 +246,5 @@ def build_yolo_dataset(args, img_path, mode: str = "train", names=None, stride: 
         prefix=f"{mode}: ",
         write_caches=write_caches,
         datasets_dir=resolve_datasets_dir(getattr(args, "datasets_dir", None)),
+        defer_colour=train and colour_on_device,
     )
