@@ -17,6 +17,8 @@ from yolo_cb.checkpoints.checkpoint import (
     serialize_checkpoint,
 )
 from yolo_cb.errors import CheckpointError
+from yolo_cb.nn.yolocb.loss import YOLOCBLoss
+from yolo_cb.nn.yolox.loss import YOLOXLoss
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "a1e3525_tiny_last.pt"
 
@@ -33,10 +35,14 @@ def same(a, b) -> bool:
 
 
 def fresh_dict() -> dict:
-    """A checkpoint as today's trainer writes it: every key (the a1e3525 file has all of them but the version key and
-    `recipe`, the loop's recipe states, which today's trainer writes after `callbacks`)."""
+    """A checkpoint as today's trainer writes it: every key (the a1e3525 file has all of them but the version key,
+    `recipe`, the loop's recipe states, which today's trainer writes after `callbacks`, and `loss`, the loss's own state,
+    where it wrote YOLOX's `use_l1`)."""
     ckpt, fresh = torch.load(FIXTURE, weights_only=True), {}
     for key, value in ckpt.items():
+        if key == "use_l1":
+            fresh["loss"] = {"use_l1": bool(value)}
+            continue
         fresh[key] = value
         if key == "callbacks":
             fresh["recipe"] = {"saver": {"topk": []}, "results": {"rows": []}}
@@ -74,7 +80,7 @@ def test_an_older_checkpoint_gets_todays_defaults():
     assert record.best_epoch is None and record.last_is_best is False and record.save_dir is None
     assert record.data_fingerprint is None and record.rank_rng is None and record.epoch_batches == 0
     assert record.world_size == 1 and record.optimizer_steps == 0 and record.tloss is None and record.grads is None
-    assert record.use_l1 is False and record.metrics_epoch is None and record.monitor_value is None
+    assert record.loss is None and record.metrics_epoch is None and record.monitor_value is None
     assert record.finished is False  # it has its optimizer: not finished
     assert Checkpoint.from_dict({**old, "optimizer": None}).finished is True  # older files: stripped = finished
     assert set(record.to_dict()) == set(Checkpoint.KEYS)
@@ -96,3 +102,19 @@ def test_a_newer_format_version_is_refused_in_one_line(tmp_path, version):
     assert "\n" not in message and str(path) in message and repr(version) in message
     with pytest.raises(CheckpointError, match="format_version"):
         Checkpoint.from_dict({**fresh_dict(), "format_version": version}, path)
+
+
+def test_the_loss_state_has_its_own_slot_and_older_files_l1_switch_lands_in_it():
+    """Files up to 7d42114 kept YOLOX's L1 switch as `use_l1`; today the loss's training_state() is under `loss`, and the
+    trainer hands it back to whatever loss the model has (it knows no family)."""
+    old = {k: v for k, v in fresh_dict().items() if k != "loss"}
+    record = Checkpoint.from_dict({**old, "use_l1": True})
+    assert record.loss == {"use_l1": True} and "use_l1" not in record.extras and "use_l1" not in record.to_dict()
+    assert Checkpoint.from_dict(old).loss is None  # no switch recorded: the loss starts as a run does
+    yolox = YOLOXLoss(4)
+    yolox.load_training_state(record.loss)
+    assert yolox.use_l1 is True and yolox.training_state() == {"use_l1": True}
+    yolox.load_training_state({})
+    assert yolox.use_l1 is False
+    assert YOLOCBLoss(4, 16).training_state() == {}
+

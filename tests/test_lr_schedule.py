@@ -15,7 +15,7 @@ from torch import nn
 
 from yolo_cb import YOLO
 from yolo_cb.recipe.optim import build_optimizer
-from yolo_cb.recipe.schedule import LRSchedule
+from yolo_cb.recipe.schedule import LRSchedule, Warmup
 from yolo_cb.settings.config import ConfigError, get_config
 
 
@@ -88,12 +88,12 @@ def drive(lr_scheduler, epochs=6, nb=4, warmup_epochs=1.0, metrics=None, lr0=0.0
     schedule = LRSchedule()
     trainer = SimpleNamespace(args=args, optimizer=optim, epoch=0, metrics={}, lr_schedule=schedule)
     warmup_iters = max(round(warmup_epochs * nb), 100) if warmup_epochs > 0 else -1
-    schedule.start(optim, args, epochs, 0, warmup_iters, args.warmup_bias_lr, args.momentum)
+    schedule.start(optim, args, epochs, 0, Warmup(warmup_iters, args.warmup_bias_lr, args.warmup_momentum, args.momentum))
     seen = []
     for epoch in range(epochs):
         trainer.epoch = epoch
         for batch_i in range(nb):
-            schedule.warmup_batch(epoch, batch_i, nb)
+            schedule.warmup_batch(epoch, batch_i + nb * epoch)
             seen.append((epoch, batch_i, [g["lr"] for g in optim.param_groups]))
         if metrics is not None:
             trainer.metrics = metrics(epoch)
@@ -165,6 +165,40 @@ def test_a_user_write_sticks_and_the_schedule_continues_from_it():
     lf = former_lf(5, 0.01, False)
     per_epoch = [lrs[1] for e, b, lrs in seen if b == 0]
     assert per_epoch == pytest.approx([0.01 * lf(0), 0.01 * lf(1), 0.005 * lf(2), 0.005 * lf(3), 0.005 * lf(4)])
+
+
+def test_the_schedule_still_applies_after_a_callback_reloads_the_optimizer_state():
+    """optimizer.load_state_dict replaces the optimizer's group dicts: the schedule writes the groups the optimizer holds
+    now (it once kept the dicts it had placed, and the LR froze at the reload)."""
+    def reload_after_epoch_2(trainer):
+        if trainer.epoch == 1:
+            trainer.optimizer.load_state_dict(trainer.optimizer.state_dict())
+    seen, trainer = drive("linear", epochs=5, warmup_epochs=1.0, user=reload_after_epoch_2)
+    plain, _ = drive("linear", epochs=5, warmup_epochs=1.0)
+    assert seen == plain  # the same LRs, batch for batch, as without the reload (inside the warmup, then after it)
+    seen, trainer = drive("linear", epochs=5, warmup_epochs=0.0, user=reload_after_epoch_2)
+    lf = former_lf(5, 0.01, False)
+    assert [lrs[1] for e, b, lrs in seen if b == 0] == pytest.approx([0.01 * lf(e) for e in range(5)])
+    trainer.lr_schedule.set_lr(0.003)  # the control reaches the groups the optimizer holds now
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [0.003] * 3
+
+
+@pytest.mark.slow
+def test_a_training_whose_callback_reloads_the_optimizer_keeps_its_lr_schedule(tiny):
+    """In a real training: a callback that reloads the optimizer's state after each epoch changes no LR of the run."""
+    def reload(trainer):
+        trainer.optimizer.load_state_dict(trainer.optimizer.state_dict())
+
+    runs = []
+    for name, callback in (("plain", None), ("reloaded", reload)):
+        seen = []
+        model = YOLO("yolox-nano.yaml")
+        record_lrs(model, seen)
+        if callback is not None:
+            model.add_callback("on_fit_epoch_end", callback)
+        model.train(**{**tiny, "epochs": 3, "name": name, "val": False, "save": False})
+        runs.append([(e, lrs) for e, b, lrs, _ in seen if b == 0])
+    assert runs[1] == runs[0] and len({tuple(lrs) for _, lrs in runs[0]}) == 3  # the LR changed each epoch, alike
 
 
 def test_set_lr_is_the_control_and_sticks_per_group():

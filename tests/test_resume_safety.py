@@ -17,6 +17,7 @@ import yaml
 from yolo_cb import YOLO
 from yolo_cb.callbacks.dispatch import CallbackError
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
+from yolo_cb.training.resume import describe_dataset
 from yolo_cb.utils.paths import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
@@ -230,3 +231,11 @@ def test_cbpkg_callbacks_refuse_to_write_without_a_tmp_log(monkeypatch, tmp_path
     with pytest.raises(RuntimeError, match="CBPKG_LOG"):
         cbpkg.log_epoch(type("T", (), {"epoch": 0})())
     assert not list(tmp_path.iterdir())
+
+
+def test_the_dataset_changed_refusal_counts_the_classes_past_eight_names():
+    """The refusal shows the first 8 class names, then how many there are (the count was once lost inside a comment)."""
+    many = describe_dataset({"yaml": "big.yaml", "train_images": 3, "val_images": 1, "names": [f"c{i}" for i in range(12)]})
+    assert "c7, ... (12 classes)" in many and "c8" not in many
+    few = describe_dataset({"yaml": "small.yaml", "train_images": 3, "val_images": 1, "names": NAMES})
+    assert few.endswith("names: circle, rectangle, triangle, cross)") and "classes)" not in few

@@ -6,13 +6,18 @@ stay readable on the trainer itself, and the writes that have an effect today ke
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from yolo_cb import YOLO
+from yolo_cb.recipe.schedule import LRSchedule, Warmup
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.training.run_state import RunState
+from yolo_cb.training.step import BatchStep, StepResult
+from yolo_cb.training.trainer import Trainer
 
 # found by grepping `trainer.` in yolo_cb/callbacks, yolo_cb/integrations, yolo_cb/tune, tests/cbpkg, docs and tests
 CALLBACK_NAMES = (
@@ -190,3 +195,17 @@ def test_outside_callbacks_and_integrations_only_event_handlers_take_a_trainer()
                 found[f"{rel}:{node.name}"] = node.name in EVENTS or node.name in TRAINER_PARAMETER_API.get(rel, set())
     assert len(found) > 3  # the scan sees the built-in callbacks' handlers
     assert all(found.values()), sorted(k for k, ok in found.items() if not ok)
+
+
+def test_the_loop_computes_the_batch_index_once_and_the_step_returns_what_it_did():
+    """`ni` (the batch's index over the run) was computed twice per batch, in the step and in the LR schedule: the loop
+    computes it and hands it to both; the step returns its result (loss items, finite, stepped), and the warmup both
+    follow is one value (recipe/schedule.py Warmup)."""
+    run, warm = inspect.signature(BatchStep.run), inspect.signature(LRSchedule.warmup_batch)
+    assert "ni" in run.parameters and "num_batches" not in run.parameters and run.return_annotation == "StepResult"
+    assert "ni" in warm.parameters and "num_batches" not in warm.parameters
+    assert StepResult._fields == ("losses", "finite", "stepped")
+    loop = inspect.getsource(Trainer._train_epoch)
+    assert loop.count("self.num_batches * self.epoch") == 1
+    warmup = Warmup.of(SimpleNamespace(warmup_epochs=1.0, warmup_bias_lr=0.1, warmup_momentum=0.8), num_batches=50, momentum=0.937)
+    assert warmup.iters == 100 and [warmup.accumulate(ni, 64, 16) for ni in (0, 50, 100, 101)] == [1, 2, 4, None]

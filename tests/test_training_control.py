@@ -221,7 +221,7 @@ def test_the_trainer_builds_the_loss_from_the_loss_settings(tmp_path):
 def test_yolox_loss_settings_are_refused_for_a_model_that_does_not_read_them():
     from yolo_cb.nn.yolocb.loss import YOLOCBLoss
     from yolo_cb.nn.yolox.loss import YOLOXLoss
-    from yolo_cb.training.trainer import refuse_unread_loss_settings
+    from yolo_cb.training.build import refuse_unread_loss_settings
 
     yolocb, yolox = YOLOCBLoss(nc=4, reg_max=16), YOLOXLoss(nc=4)
     refuse_unread_loss_settings(get_config({}), yolocb)  # the defaults pass

@@ -12,6 +12,10 @@ import re
 import sys
 from collections.abc import Iterator
 
+from yolo_cb.assembly.assemble import build_trainer_callbacks
+from yolo_cb.cli_info import checks, copy_cfg
+from yolo_cb.data.check import check_dataset, format_report
+from yolo_cb.data.convert import convert
 from yolo_cb.data.dataset_yaml import read_dataset
 from yolo_cb.errors import UserError
 from yolo_cb.settings.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
@@ -154,11 +158,9 @@ def callbacks_table(args, overrides: dict[str, str]) -> str:
     """`yolo-cb callbacks`: the callbacks `yolo-cb train` with these settings runs, per event in firing order, built
     without torch. A checkpoint named as the model is read (and refused) by the facade first, which loads torch."""
     if str(args.model or "").endswith((".pt", ".pth")):
-        from yolo_cb.model import YOLO
+        from yolo_cb.model import YOLO  # the facade loads torch: only for a checkpoint named as the model
 
         return YOLO(args.model).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table()
-    from yolo_cb.assembly.assemble import build_trainer_callbacks  # here: every other command answers without the callbacks
-
     return build_trainer_callbacks(get_config({**overrides, "model": args.model or DEFAULT_MODEL, "mode": "train"})).table()
 
 
@@ -217,12 +219,8 @@ def data_command(argv: list[str]) -> None:
         raise UsageError(f"{'data check' if command == 'data' else command} needs {', '.join(f'{k}=' for k in missing)}: e.g. {example}")
     setup_logging()
     if command == "convert":
-        from yolo_cb.data.convert import convert
-
         convert(values["source"], values["format"].lower(), values["out"], values.get("names"))  # it logs the data.yaml it wrote
         return
-    from yolo_cb.data.check import check_dataset, format_report
-
     report = format_report(*check_dataset(values["data"], values.get("datasets_dir") or None))
     print("\n".join(printable(line) for line in report.splitlines()))  # class names come from the user's files
 
@@ -257,8 +255,6 @@ def run(argv: list[str]) -> object:
         print_settings()
         return None
     if mode in ("checks", "copy-cfg"):
-        from yolo_cb.cli_info import checks, copy_cfg
-
         return checks() if mode == "checks" else copy_cfg()
     refuse_missing_inputs(mode, overrides)
     if mode == "train" and names_a_resume(overrides.get("resume")):  # resume= a path, true or auto
@@ -274,7 +270,7 @@ def run(argv: list[str]) -> object:
     model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
     kwargs = {k: v for k, v in overrides.items() if k != "model"}
     if mode == "benchmark":
-        from yolo_cb.export.benchmark import benchmark
+        from yolo_cb.export.benchmark import benchmark  # it loads torch (and the exporter): only for `yolo-cb benchmark`
 
         return benchmark(args, format=overrides.get("format"))  # format= as given (args.format holds the export default)
     if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)

@@ -40,7 +40,7 @@ def checks() -> None:
     """Print the versions and the hardware a run here would use."""
     import torch
 
-    from yolo_cb.training.step import cpu_has_native_bf16
+    from yolo_cb.training.step import cpu_has_native_bf16  # local: it loads torch, and `yolo-cb copy-cfg` answers without it
 
     cuda = f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU"
     rows = [("yolo-cb", __version__), ("python", sys.version.split()[0]), ("os", platform.platform()), ("torch", torch.__version__),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from yolo_cb.assembly.assemble import apply_specs, build_trainer_callbacks
+from yolo_cb.assembly.assemble import apply_declarations, build_trainer_callbacks
 from yolo_cb.assembly.builtin import LOOP_STEPS
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.registry import REGISTRY
@@ -30,7 +30,7 @@ from yolo_cb.nn import build_model
 from yolo_cb.prediction.backend import load_backend
 from yolo_cb.prediction.predictor import PREDICT_BATCH
 from yolo_cb.prediction.tracking import TRACK_CONF
-from yolo_cb.settings.config import Config, ConfigError, coerce, get_config
+from yolo_cb.settings.config import Config, ConfigError, callback_declarations, coerce, get_config
 from yolo_cb.training.launch import launch_ddp
 from yolo_cb.training.plan import plan_run
 from yolo_cb.training.trainer import Trainer
@@ -127,7 +127,7 @@ class YOLO(ModelHabits):
 
     def _engine_callbacks(self, args) -> Callbacks:
         callbacks = self.callbacks.copy()
-        apply_specs(callbacks, args.callbacks)
+        apply_declarations(callbacks, callback_declarations(args))
         callbacks.check_names((*REGISTRY, *LOOP_STEPS))
         return callbacks
 
@@ -177,7 +177,7 @@ class YOLO(ModelHabits):
         if plan.finished is not None:  # resume= of a run that ended: nothing to train
             self.trainer, self.metrics, weights = None, plan.finished.metrics, plan.finished.weights
         elif plan.launches_workers:  # several processes, and no torchrun made them
-            self.metrics, weights = launch_ddp(plan.args, self.callbacks, model=plan.start, resume=plan.resume_path)
+            self.metrics, weights = launch_ddp(plan, self.callbacks)
         else:
             self.trainer = trainer = plan.trainer()
             trainer.train()

@@ -14,8 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from yolo_cb.checkpoints.weights import resolve_weights
+from yolo_cb.nn import build_model
+from yolo_cb.nn.blocks import ConvBNAct
+from yolo_cb.nn.summary import layer_table, log_summary, model_info, parameter_table
+from yolo_cb.prediction.backend import PyTorchBackend
+from yolo_cb.prediction.embed import default_layer
 from yolo_cb.prediction.predictor import Predictor
-from yolo_cb.utils.log import LOGGER
+from yolo_cb.settings.config import get_config
+from yolo_cb.settings.user import settings_path
+from yolo_cb.utils.device import select_device
+from yolo_cb.utils.log import LOGGER, setup_logging
+from yolo_cb.version import __version__
 
 # Settings the loaded model depends on: predict / track reuse the predictor of the last call, and its loaded model, while
 # these (and the model file's size and modification time, or after load() the loaded module) stay the same; a change of
@@ -64,8 +75,6 @@ class ModelHabits:
         if path is None:
             return {}
         if getattr(self, "_ckpt", (None,))[0] != path:
-            from yolo_cb.checkpoints.checkpoint import load_checkpoint
-
             self._ckpt = (path, load_checkpoint(path).to_dict())
         return self._ckpt[1]
 
@@ -95,9 +104,6 @@ class ModelHabits:
     def info(self, detailed: bool = False, verbose: bool = True, imgsz: int = 640) -> tuple[int, int, int, float]:
         """(layers, parameters, trainable parameters, GFLOPs at imgsz), as Ultralytics' model.info(); verbose logs the
         layer table and the summary line, detailed=True a row per parameter tensor first."""
-        from yolo_cb.nn.summary import layer_table, log_summary, model_info, parameter_table
-        from yolo_cb.utils.log import setup_logging
-
         module = self._pytorch_module("info")
         if verbose:
             setup_logging()
@@ -117,10 +123,6 @@ class ModelHabits:
         """Write the loaded PyTorch model as a yolo-cb checkpoint that YOLO(filename) loads back, as Ultralytics'
         model.save(): its weights, architecture and class names, marked finished (a start for training, not a run to
         resume). Written atomically; a fused model is refused (its BatchNorms are gone, so no model could load it)."""
-        from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
-        from yolo_cb.nn.blocks import ConvBNAct
-        from yolo_cb.version import __version__
-
         module = self._pytorch_module("save")
         if any(isinstance(m, ConvBNAct) and isinstance(m.bn, nn.Identity) for m in module.modules()):
             raise ValueError("save() needs an unfused model: fuse() folded its BatchNorms into the convolutions; save before fuse()")
@@ -135,11 +137,6 @@ class ModelHabits:
         model takes the weights' classes (names and count) first, so that their class head transfers too (Ultralytics keeps
         the YAML's 80 and leaves it out). From then on val / predict / export run, and train() starts from, this in-memory
         model (until a training replaces it with its best.pt)."""
-        from yolo_cb.checkpoints.checkpoint import load_checkpoint
-        from yolo_cb.checkpoints.weights import resolve_weights
-        from yolo_cb.nn import build_model
-        from yolo_cb.settings.config import get_config
-
         module = self._pytorch_module("load")
         if isinstance(weights, nn.Module):
             state, names, origin = weights.state_dict(), getattr(weights, "names", None), type(weights).__name__
@@ -175,9 +172,6 @@ class ModelHabits:
             return args.model
         if not backend:
             return module
-        from yolo_cb.prediction.backend import PyTorchBackend
-        from yolo_cb.utils.device import select_device
-
         device = select_device(args.device)
         return PyTorchBackend(copy.deepcopy(module), owned=True, device=device, fp16=bool(args.half) and device.type == "cuda")
 
@@ -185,8 +179,6 @@ class ModelHabits:
         """The resolved settings of a predict / track call: a copy of the last call's when it asked for the same (equal
         arguments, and neither the user settings file nor a cfg= file changed since), else resolve(). Resolving them
         costs milliseconds, a real share of a small model's frame."""
-        from yolo_cb.settings.user import settings_path
-
         try:
             key = (copy.deepcopy(overrides), extra, file_stamp(settings_path()), file_stamp(overrides.get("cfg") or ""))
             same = self._last_settings is not None and bool(self._last_settings[0] == key)
@@ -222,8 +214,6 @@ class ModelHabits:
     def embed(self, source: Any = None, stream: bool = False, **kwargs):
         """One feature vector (a 1-D tensor) per image, as Ultralytics' model.embed(): the pooled output of the layer
         before the head, or of the layers embed=[...] lists (yolo_cb/prediction/embed.py). Needs a PyTorch model."""
-        from yolo_cb.prediction.embed import default_layer
-
         if not kwargs.get("embed"):
             kwargs["embed"] = [default_layer(self._pytorch_module("embed"))]
         return self.run_predict(source, stream, kwargs, save=False)

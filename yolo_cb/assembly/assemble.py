@@ -18,19 +18,19 @@ import importlib.util
 from typing import Any
 
 from yolo_cb.assembly.builtin import DEFAULTS, LOOP_STEPS
-from yolo_cb.assembly.catalog import load_integrations, not_registered, registered_declarations
+from yolo_cb.assembly.catalog import load_integrations, not_registered, registered
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.callbacks.record import warn_foreign_events
 from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, parse_specs
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
-from yolo_cb.settings.config import get_config
+from yolo_cb.settings.config import callback_declarations, get_config
 from yolo_cb.settings.lr_settings import parsed
 from yolo_cb.settings.schema import load_defaults
 from yolo_cb.settings.user import load_user_settings
 from yolo_cb.utils.log import LOGGER
 
-__all__ = ["add_integration_callbacks", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
+__all__ = ["add_integration_callbacks", "apply_declarations", "apply_specs", "build_registered", "build_trainer_callbacks", "get_default_callbacks", "importable",
            "parse_specs"]
 
 
@@ -48,10 +48,14 @@ def build_registered(name: str, kwargs: dict | None = None) -> Any:
 
 
 def apply_specs(callbacks: Callbacks, value: Any) -> None:
-    """Register every declared callback in `value` on `callbacks` (origin "yaml"); a declaration that cannot work is a
-    ConfigError naming it, raised before any of them is built."""
-    check_callbacks(value)
-    for declared in registered_declarations(value):
+    """Register every declared callback in `value` (a `callbacks=` value) on `callbacks` (origin "yaml"); a declaration
+    that cannot work is a ConfigError naming it, raised before any of them is built."""
+    apply_declarations(callbacks, check_callbacks(value))
+
+
+def apply_declarations(callbacks: Callbacks, declared_items: list[Declaration]) -> None:
+    """Register declarations already read and checked (the settings keep them: callback_declarations) on `callbacks`."""
+    for declared in registered(declared_items):
         (_add_function if declared.is_event else _add_object)(callbacks, declared)
 
 
@@ -133,7 +137,7 @@ def build_trainer_callbacks(args: Any, user: Callbacks | None = None) -> Callbac
     callbacks.mark_defaults()
     if user is not None:
         callbacks.extend(user)
-    apply_specs(callbacks, getattr(args, "callbacks", None))
+    apply_declarations(callbacks, callback_declarations(args))
     callbacks.check_names((*REGISTRY, *LOOP_STEPS))
     if getattr(args, "strict_callbacks", False):
         warn_foreign_events(callbacks)

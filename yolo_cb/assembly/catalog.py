@@ -22,7 +22,7 @@ from yolo_cb.callbacks.registry import REGISTRY, resolve_alias
 from yolo_cb.callbacks.spec_check import Declaration, bad_item, declarations
 from yolo_cb.utils.suggest import did_you_mean
 
-__all__ = ["check_callback_names", "load_integrations", "registered_declarations", "registered_names"]
+__all__ = ["check_callback_names", "load_integrations", "registered", "registered_declarations", "registered_names"]
 
 
 def load_integrations() -> None:
@@ -48,9 +48,15 @@ def registered_declarations(value: Any) -> list[Declaration]:
     """`callbacks=` as declarations, another framework's class names (SuperGradients') turned into ours with their
     parameters renamed; ConfigError (one line naming the item) for a name neither registered nor an import path, a
     foreign class refused, or arguments a registered callback's constructor does not take."""
+    return registered(declarations(value))
+
+
+def registered(declared_items: list[Declaration]) -> list[Declaration]:
+    """Declarations (as read from `callbacks=`) with their registered names checked and other frameworks' names turned
+    into ours: see registered_declarations."""
     load_integrations()  # the integrations declare their aliases where they register
     found = []
-    for declared in declarations(value):
+    for declared in declared_items:
         if not (declared.is_event or declared.is_import_path):
             declared = _registered(declared)
         found.append(declared)

@@ -99,11 +99,12 @@ def _named(item: Any, key: str, arg: Any, place: dict) -> Declaration:
     return Declaration(item, key, arg, False, place)
 
 
-def check_callbacks(value: Any) -> None:
-    """Raise ConfigError for a `callbacks` declaration whose form cannot work, before any work starts: a malformed
-    item, an unknown event, a module that does not import, a missing attribute, a non-callable. Nothing is
+def check_callbacks(value: Any) -> list[Declaration]:
+    """`value`'s declarations, checked: ConfigError for one whose form cannot work, before any work starts (a malformed
+    item, an unknown event, a module that does not import, a missing attribute, a non-callable). Nothing is
     instantiated here (a class's constructor runs once, when the callbacks are built)."""
-    for declared in declarations(value):
+    found = declarations(value)
+    for declared in found:
         try:
             if declared.is_event:
                 fn = import_object(declared.arg) if isinstance(declared.arg, str) else declared.arg
@@ -115,3 +116,4 @@ def check_callbacks(value: Any) -> None:
                     event_methods(obj)  # an object must have on_* methods naming events
         except ValueError as error:
             raise bad_item(declared.item, str(error)) from None
+    return found

@@ -38,6 +38,7 @@ class UnsafeCheckpointError(RuntimeError):
 CHECKSUM_KEY = "tensors_crc32"  # CRC-32 of every tensor's bytes, in key order: a flipped or torn record fails the load
 
 
+LEGACY_L1 = "use_l1"  # the key older files kept YOLOX's L1 switch under, before the loss had its own slot (`loss`)
 FORMAT_VERSION = 1  # the checkpoint layout written today; files without the key are older ones (0) and load with defaults
 VERSION_KEY = "format_version"
 
@@ -74,7 +75,7 @@ class Checkpoint:
     optimizer_steps: int = 0  # optimizer steps taken in the whole run
     tloss: list | None = None  # a mid-epoch save: that epoch's mean losses so far
     grads: dict | None = None  # a mid-epoch save: the gradients accumulated towards the next optimizer step
-    use_l1: bool = False  # the YOLOX L1 loss is on (the no-aug stage)
+    loss: dict | None = None  # the loss's training_state() (YOLOX: its L1 switch, on in the no-aug stage); None: none recorded
     metrics: dict = field(default_factory=dict)  # the last validation metrics, name -> float
     metrics_epoch: int | None = None  # the epoch those metrics are of
     monitor_value: float | None = None  # the value the early-stopping / top-k monitor last saw
@@ -103,7 +104,9 @@ class Checkpoint:
         known = {key: d[key] for key in cls.KEYS if key in d and key != VERSION_KEY}
         if "finished" not in d:
             known["finished"] = d.get("optimizer") is None
-        extras = {k: v for k, v in d.items() if k not in cls.KEYS and k != CHECKSUM_KEY}
+        if "loss" not in d and LEGACY_L1 in d:  # files before the loss slot (up to 7d42114) kept YOLOX's L1 switch here
+            known["loss"] = {"use_l1": bool(d[LEGACY_L1])}
+        extras = {k: v for k, v in d.items() if k not in cls.KEYS and k not in (CHECKSUM_KEY, LEGACY_L1)}
         return cls(**known, extras=extras)
 
 

@@ -17,8 +17,7 @@ from yolo_cb.errors import CheckpointError
 from yolo_cb.utils.files import size_text
 from yolo_cb.utils.log import printable
 
-STATE_DICTS = ("model", "ema", "scaler")  # name -> tensor mappings (scaler: AMP's plain state)
-MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng")  # plain mappings
+MAPPINGS = ("train_args", "metrics", "callbacks", "recipe", "data_fingerprint", "rng", "loss")  # plain mappings
 INTEGERS = ("epoch", "epochs", "ema_updates", "last_opt_step", "best_epoch", "metrics_epoch", "epoch_batches", "world_size",
             "optimizer_steps", "tensors_crc32", "format_version")
 NUMBERS = ("best_fitness", "fitness", "monitor_value")

@@ -1,6 +1,6 @@
 """Datasets, label verification + cache, transforms, loaders, dataset YAML resolution, synthetic data; other annotation
 formats (formats/: COCO, VOC, LabelMe, Label Studio), `yolo-cb convert` (convert), `yolo-cb data check` (check),
-labels.jpg (label_plot).
+labels.jpg (drawn by utils/plotting.py).
 
 Import from the submodules (kept light on purpose: importing this package loads nothing heavy)::
 

@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo_cb.data.formats.cache import conversion_record
+from yolo_cb.data.formats.common import COUNT_WORDS
 from yolo_cb.data.label_file import polygons_boxed
+from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import img2label_path, list_image_files, verify_all
 from yolo_cb.utils.log import printable
 
@@ -69,8 +72,6 @@ def _file_hash(path: str) -> str:
 
 def check_split(name: str, paths, nc: int) -> SplitReport:
     """Read one split's images and labels (nothing written) into a SplitReport."""
-    from yolo_cb.data.formats.cache import conversion_record
-
     report = SplitReport(name)
     for path in [paths] if isinstance(paths, str) else paths:
         record = conversion_record(path)
@@ -106,8 +107,6 @@ def _add_entry(report: SplitReport, entry: dict) -> None:
 
 def check_dataset(data: str, datasets_dir: str | None = None) -> tuple[dict, list[SplitReport], list[str]]:
     """(the data dict, a report per split, the warnings) of a data YAML."""
-    from yolo_cb.data.resolve import check_data
-
     resolved = check_data(data, datasets_dir)
     reports = [check_split(name, paths, resolved["nc"]) for name, paths in _splits(resolved).items()]
     return resolved, reports, warnings(reports, resolved["names"])
@@ -130,8 +129,6 @@ def warnings(reports: list[SplitReport], names: dict[int, str]) -> list[str]:
         if r.polygons:
             out.append(f"{r.name}: {polygons_boxed(r.polygons)}")
         if r.conversion:
-            from yolo_cb.data.formats.common import COUNT_WORDS
-
             said = ", ".join(f"{n} {COUNT_WORDS.get(k, k)}" for k, n in r.conversion.items() if n)
             if said:
                 out.append(f"{r.name}: the COCO/VOC conversion: {said}")

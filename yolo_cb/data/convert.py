@@ -22,7 +22,10 @@ import os
 import shutil
 from pathlib import Path
 
+from yolo_cb.data.formats.coco import read_coco, split_name
 from yolo_cb.data.formats.common import Split, new_temp_folder, summary, write_split
+from yolo_cb.data.formats.labelme import read_labelme, read_labelstudio
+from yolo_cb.data.formats.voc import is_voc_folder, read_voc
 from yolo_cb.errors import DataError
 from yolo_cb.utils.files import atomic_write_text, write_error
 from yolo_cb.utils.log import printable
@@ -33,8 +36,6 @@ TRAIN_WORDS, VAL_WORDS = ("train", "trainval"), ("val", "test")
 
 
 def _coco_files(source: Path) -> list[Path]:
-    from yolo_cb.data.formats.coco import split_name
-
     if source.is_file():
         return [source]
     found = sorted(p for p in source.rglob("*.json") if p.is_file())
@@ -67,20 +68,15 @@ def _train_first(names: list[str]) -> list[str]:
 def read_splits(source: Path, fmt: str, names: dict[int, str] | None) -> dict[str, Split]:
     """{split name: Split}, the train-like split first; its classes are the others'."""
     if fmt == "coco":
-        from yolo_cb.data.formats.coco import read_coco, split_name
-
         files = {split_name(f): f for f in _coco_files(source)}
         return _read_each(_train_first(list(files)), lambda split, n: read_coco(files[split], n), names)
     if fmt == "voc":
-        from yolo_cb.data.formats.voc import is_voc_folder, read_voc
-
         if not is_voc_folder(source):
             raise DataError(f"source={source}: not a VOC folder (it needs Annotations/ and JPEGImages/)")
         lists = [p.stem for p in sorted((source / "ImageSets" / "Main").glob("*.txt")) if "_" not in p.stem]
         if not lists:
             raise DataError(f"source={source}: no ImageSets/Main/<split>.txt lists the images of a split")
         return _read_each(_train_first(lists), lambda split, n: read_voc(source, split, n), names)
-    from yolo_cb.data.formats.labelme import read_labelme, read_labelstudio
 
     reader = read_labelme if fmt == "labelme" else read_labelstudio
     return {"train": reader(source, names)}

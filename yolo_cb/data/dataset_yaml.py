@@ -12,8 +12,8 @@ A dataset YAML (Ultralytics-compatible)::
 
 `read_dataset` finds the YAML (a path or a bundled name), parses it, checks its required keys, `names`, `nc`,
 `category_ids` and the form of its splits, and lists the places its root may be: every refusal `resolve.check_data`
-makes before it looks for, downloads or generates images. It imports neither numpy nor OpenCV nor torch, and writes
-and fetches nothing, so the CLI calls it before those load.
+makes before it looks for, downloads or generates images. It imports neither OpenCV nor torch (numpy it does, through
+data/synthetic.py and data/verify.py), and writes and fetches nothing, so the CLI calls it before those load.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_cb.data.data_yaml import DatasetConfigError, DataYaml, read_data_yaml
+from yolo_cb.data.formats.cache import source_kind
 from yolo_cb.errors import short_repr
 from yolo_cb.utils.paths import find_dataset_cfg
 
@@ -140,8 +141,6 @@ def numbered_names(typed: DataYaml) -> dict[int, str]:
 
 def names_in_source(cfg: dict, places: list[tuple[Path, str]], yaml_file: Path) -> bool:
     """Whether the train split, under one of the places the root may be, is a COCO JSON or a VOC split (which give names)."""
-    from yolo_cb.data.formats.cache import source_kind  # here: the readers of other formats load only for a YAML without names
-
     return any(source_kind(p) for root, _ in places for p in split_paths(cfg.get("train"), root, "train", yaml_file) or [])
 
 

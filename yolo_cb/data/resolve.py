@@ -28,6 +28,9 @@ from yolo_cb.data.dataset_yaml import (
     val_sets,
 )
 from yolo_cb.data.download import download_dataset, is_url
+from yolo_cb.data.formats.cache import materialise, source_kind
+from yolo_cb.data.formats.coco import coco_names
+from yolo_cb.data.formats.voc import split_list, voc_class_names
 from yolo_cb.data.synthetic import estimated_bytes, generate_shapes
 from yolo_cb.errors import DataError, short_repr
 from yolo_cb.utils.files import existing, size_text
@@ -124,10 +127,6 @@ def images_not_found(found: DatasetYaml, failure: str) -> FileNotFoundError:
 def _source_names(data: dict, yaml_file: Path) -> tuple[dict[int, str], list[int] | None]:
     """The names of a data YAML without `names:`: its train COCO JSON's categories (in id order, and their ids, which
     predictions.json then writes), or the sorted class names of its train VOC split's annotations."""
-    from yolo_cb.data.formats.cache import source_kind
-    from yolo_cb.data.formats.coco import coco_names
-    from yolo_cb.data.formats.voc import split_list, voc_class_names
-
     train = data["train"][0] if isinstance(data["train"], list) else data["train"]
     kind = source_kind(train)
     if kind == "coco":
@@ -180,8 +179,6 @@ def _resolved_dataset(found: DatasetYaml, root: Path) -> dict:
     A split naming a COCO JSON or a VOC folder becomes the images folder of its YOLO copy under datasets_dir
     (data/formats/cache.py); without `names:` the train split's categories are the names. A COCO JSON inside the root
     that `path:` gives has that root as its dataset root (coco.coco_root); without `path:` its own."""
-    from yolo_cb.data.formats.cache import materialise
-
     cfg, names, yaml_file, ddir = found.cfg, found.names, found.yaml_file, found.ddir
     out = {"yaml_file": str(yaml_file), "path": str(root)}
     given_root = root if cfg.get("path") not in (None, "") else None  # never the YAML's folder: it may be a home folder

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from yolo_cb.export.formats import ExportError, ExportSettingError, ExportWrapper
+from yolo_cb.nn.blocks import ConvBNAct, Focus
 from yolo_cb.prediction.mobile_backends import NCNN_META, PTE_META, RUNTIMES, TFLITE_META
 
 MOBILE_FORMATS = ("ncnn", "mnn", "tflite", "executorch", "coreml")
@@ -71,8 +72,6 @@ class FocusAsConv(nn.Module):
 
 def focus_as_conv(model: nn.Module) -> nn.Module:
     """`model`, or a copy of it whose Focus stems are FocusAsConv (the same outputs; strided slices are not portable)."""
-    from yolo_cb.nn.blocks import Focus
-
     if not any(isinstance(m, Focus) for m in model.modules()):
         return model
     model = copy.deepcopy(model)
@@ -125,8 +124,6 @@ def write_mnn(onnx_file: Path, target: Path, half: bool, int8: bool, metadata: d
 
 def _in_conv_block(node: Any) -> bool:
     """A node of a ConvBNAct block (the parameters' get_attr nodes carry no module stack: they follow their convolution)."""
-    from yolo_cb.nn.blocks import ConvBNAct
-
     stack = node.meta.get("nn_module_stack")
     return stack is None or f"{ConvBNAct.__module__}.{ConvBNAct.__qualname__}" in {kind for _, kind in stack.values()}
 

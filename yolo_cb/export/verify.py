@@ -15,6 +15,7 @@ from torch import nn
 
 from yolo_cb.data.loading.loader import build_dataloader
 from yolo_cb.evaluation.validator import Validator
+from yolo_cb.metrics import DetMetrics
 from yolo_cb.prediction.backend import ONNXBackend, OpenVINOBackend, TorchScriptBackend
 from yolo_cb.prediction.mobile_backends import ExecuTorchBackend, LiteRTBackend, MNNBackend, NCNNBackend
 from yolo_cb.settings.config import get_config
@@ -23,10 +24,6 @@ from yolo_cb.utils.log import LOGGER
 MAP_KEY = "metrics/mAP50-95(B)"
 # the allowed mAP50-95 drop of an export's precision, as the tests and export_check judge it by default
 MAP_TOL = {"fp32": 1e-3, "half": 5e-3, "int8": 0.02}
-
-
-def precision_of(half: bool, int8: bool) -> str:
-    return "int8" if int8 else "half" if half else "fp32"
 
 
 def run_backend(path: str | Path, image: torch.Tensor, fmt: str) -> np.ndarray:
@@ -73,8 +70,6 @@ def drop_noise(reference: Validator, exported: Validator, resamples: int = 200, 
     """The sampling noise of the mAP50-95 drop between two validations of the same images: the standard deviation of
     the paired drop over `resamples` bootstrap draws of the images (with replacement). On 16 images an export that
     changes a few scores moves the drop by this much either way, whatever its precision costs."""
-    from yolo_cb.metrics import DetMetrics
-
     ref, exp = reference.det_metrics.records, exported.det_metrics.records
     if len(ref) != len(exp) or len(ref) < 2:
         return 0.0

@@ -44,7 +44,7 @@ class ExportCheck:
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
         if not trainer.is_main or best is None or not best.is_file():
             return
-        from yolo_cb.export.convert import parse_spec
+        from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
         from yolo_cb.export.exporter import Exporter
         from yolo_cb.export.verify import MAP_KEY, val_map
 

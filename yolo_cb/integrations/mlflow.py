@@ -187,7 +187,6 @@ def _short(error: BaseException) -> str:
 class MLflow:
     """Logs a training to MLflow (main process only) from a background thread; see the module docstring."""
 
-    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
     rank_zero_only = True
 
     def __init__(self):

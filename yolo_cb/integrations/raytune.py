@@ -47,7 +47,6 @@ def switched_on(args) -> bool:
 class RayTuneReport:
     """Reports each validated epoch to the Ray Tune session; see the module docstring."""
 
-    after = ("checkpoint", "early_stopping")  # an epoch's row is taken once its record, checkpoint and stop decision are final
     rank_zero_only = True
 
     def __init__(self):

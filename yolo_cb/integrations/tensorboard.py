@@ -34,7 +34,6 @@ ENCODED = ("JPEG", "PNG")  # image files stored as their own bytes; others are d
 class TensorBoard:
     """Writes TensorBoard event files into trainer.save_dir (main process only)."""
 
-    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
     rank_zero_only = True
 
     def __init__(self):

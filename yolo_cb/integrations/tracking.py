@@ -118,7 +118,6 @@ class Tracker:
     """The event wiring and failure policy of an experiment tracker; see the module docstring."""
 
     title = "tracker"  # the tool's name in log lines
-    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
     rank_zero_only = True
 
     def __init__(self, log_every: int = LOG_EVERY):

@@ -1,7 +1,7 @@
 """Visualisation (plots=True): training labels, batches and validation labels/predictions drawn as JPEGs in the run dir.
 
 - labels.jpg (at on_pretrain_routine_end, once per run folder): the training labels' class histogram, box shapes,
-  centres and sizes (data/label_plot.py), as Ultralytics' labels.jpg; MLflow and the other loggers send it with the
+  centres and sizes (utils/plotting.py), as Ultralytics' labels.jpg; MLflow and the other loggers send it with the
   run's other images.
 
 - train_batch0.jpg .. train_batch2.jpg: the first 3 batches of the run's first epoch, as the model sees them
@@ -23,6 +23,7 @@ from yolo_cb.callbacks.registry import callback_alias, integration
 from yolo_cb.data.verify import imread
 from yolo_cb.utils.draw import plot_batch, targets_to_boxes
 from yolo_cb.utils.log import LOGGER
+from yolo_cb.utils.plotting import plot_labels
 
 TRAIN_BATCHES = 3  # how many training batches are drawn
 PRED_CONF = 0.25  # predictions below this score are not drawn
@@ -47,8 +48,6 @@ class Visualize:
         path = Path(trainer.save_dir) / "labels.jpg"
         if not trainer.is_main or path.exists() or getattr(trainer, "train_loader", None) is None:
             return
-        from yolo_cb.utils.plotting import plot_labels
-
         plot_labels(trainer.train_loader.dataset.labels, _names(trainer.data.get("names")), path)
         trainer.new_images.append(path)
 

@@ -30,7 +30,6 @@ LOG_EVERY = 10  # training batches between two logged batch losses
 class WandB:
     """Logs a training to Weights & Biases; see the module docstring."""
 
-    after = ("checkpoint", "early_stopping")  # logs the epoch once its record, checkpoint and stop decision are final
     rank_zero_only = True
 
     def __init__(self, log_every: int = LOG_EVERY):

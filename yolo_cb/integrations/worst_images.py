@@ -42,7 +42,7 @@ SOURCES = ("val", "train", "both")  # what is ranked: validation images by AP, t
 
 def image_ap(stat: dict, nc: int) -> float | None:
     """COCO mAP50-95 of one validated image (a `validator.stats` entry); None when it has no labels."""
-    from yolo_cb.metrics import DetMetrics
+    from yolo_cb.metrics import DetMetrics  # here: the metrics load torch, and registering this must not
 
     if len(stat["gt_cls"]) == 0:
         return None
@@ -79,7 +79,7 @@ def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
     and without gradients; the model's modes are restored."""
     import torch
 
-    from yolo_cb.nn.postprocess import postprocess
+    from yolo_cb.nn.postprocess import postprocess  # here: it loads torch, and registering this must not
 
     model = unwrap(trainer.ema.ema if trainer.ema is not None else trainer.model)
     modes = [(m, m.training) for m in model.modules()]

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.errors import UserError
+from yolo_cb.prediction.onnx_session import onnx_session, run_once
+
 PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 MEMORY_WORDS = ("alloc", "memory")  # in a runtime's message for a failed allocation (ONNX Runtime, PyTorch, OpenVINO)
 
@@ -55,23 +58,18 @@ def runner(kind: str) -> Callable[[Path, tuple[int, int], int | None], None]:
         import onnxruntime  # noqa: F401 - imported before the bounds
 
         return run_onnx
-    from yolo_cb.prediction import backend  # noqa: F401 - imported before the bounds
+    import torch
+
+    from yolo_cb.prediction.backend import open_model_file  # here: it loads PyTorch, which an ONNX probe starts without
+
+    def run_backend(path: Path, imgsz: tuple[int, int], threads: int | None, trust: bool = False) -> None:
+        open_model_file(path, torch.device("cpu"), False, threads, trust).warmup(imgsz)  # trust: model_trust.py, before any load
 
     return run_backend
 
 
 def run_onnx(path: Path, imgsz: tuple[int, int], threads: int | None, trust: bool = False) -> None:
-    from yolo_cb.prediction.onnx_session import onnx_session, run_once
-
     run_once(onnx_session(path, ["CPUExecutionProvider"], threads), imgsz)
-
-
-def run_backend(path: Path, imgsz: tuple[int, int], threads: int | None, trust: bool = False) -> None:
-    import torch
-
-    from yolo_cb.prediction.backend import open_model_file
-
-    open_model_file(path, torch.device("cpu"), False, threads, trust).warmup(imgsz)  # trust: model_trust.py, before any load
 
 
 def set_bounds(bound: int | None, seconds: float) -> None:
@@ -96,8 +94,6 @@ def describe(error: BaseException) -> dict[str, Any]:
     text = str(error).strip()
     frames = traceback.extract_tb(error.__traceback__)
     where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    from yolo_cb.errors import UserError
-
     user = isinstance(error, (UserError, FileNotFoundError))
     memory = not user and (isinstance(error, MemoryError) or any(word in text.lower() for word in MEMORY_WORDS))
     first = text.splitlines()[0][:300] if text else ""

@@ -42,11 +42,6 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
     return decay, norm, bias
 
 
-def scheduled_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
-    """The groups whose LR the schedule owns (every group but the late ones of unfrozen layers, which follow them)."""
-    return [group for group in optimizer.param_groups if FOLLOWS not in group]
-
-
 def late_groups(model: nn.Module, frozen: list[str], groups: tuple[list, list, list]) -> list[tuple[int, list]]:
     """(scheduled group index, tensors) per frozen module and kind; the tensors are taken out of `groups` (bias, decay,
     norm: groups 0, 1, 2 of the optimizer)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from yolo_cb.callbacks.spec_check import check_callbacks
+from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
 from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
@@ -26,7 +26,6 @@ from yolo_cb.settings.values import (  # noqa: F401
     INT_RANGES,
     NONNEG_FLOATS,
     POSITIVE_FLOATS,
-    _parse_scalar,
     _yaml_text,
     coerce,
     parse_freeze,
@@ -44,9 +43,10 @@ __all__ = ["Config", "ConfigError", "check_callbacks", "coerce", "describe_setti
 class Config(Settings, SimpleNamespace):
     """The resolved settings; attribute access (args.epochs, typed by `Settings`' annotations) and dict conversion.
     Structured settings are typed values (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
-    it) and its parsed form (yolo_cb.settings.lr_settings.parsed) in a slot, outside the settings."""
+    it) and its parsed form (yolo_cb.settings.lr_settings.parsed) in a slot, outside the settings; so does callbacks=
+    (its checked declarations: `callback_declarations`)."""
 
-    __slots__ = ("_lr_scheduler", "_sealed")
+    __slots__ = ("_declared", "_lr_scheduler", "_sealed")
 
     def seal(self) -> Config:
         """Fix the settings: a run is planned once (the trainer freezes its settings when it is made); a later write of a
@@ -128,9 +128,11 @@ def read_whole(loaded: dict[str, Any], valid: dict[str, Any], path: str) -> dict
 _SAID: set[str] = set()
 
 
-def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
+def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
+               cfg_values: dict[str, Any] | None = None) -> Config:
     """Defaults <- the user's settings file (yolo_cb/settings/user.py) <- `base` (e.g. a checkpoint's train_args) <- cfg=
-    file <- overrides; typed and checked."""
+    file <- overrides; typed and checked. `cfg_values`: the cfg= file's settings when they were already read (resume=auto
+    reads them to find its run folder), so that the file is read once."""
     defaults = load_defaults()
     merged = {**defaults, **load_user_settings()}
     overrides = dict(overrides or {})
@@ -138,7 +140,7 @@ def get_config(overrides: dict[str, Any] | None = None, base: dict[str, Any] | N
         merged.update({k: v for k, v in base.items() if k in defaults})
     cfg_file = overrides.get("cfg") or (base or {}).get("cfg")
     if cfg_file:
-        loaded = load_cfg_file(cfg_file, defaults)
+        loaded = cfg_values if cfg_values is not None else load_cfg_file(cfg_file, defaults)
         merged.update(loaded)
     check_keys(overrides, defaults)
     merged.update(overrides)
@@ -197,20 +199,36 @@ def check_pairs(config: Config) -> Config:
     return config
 
 
+EMPTY_CALLBACKS = (None, "", [], {}, False)  # callbacks= values that declare nothing
+
+
 def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:
     """Every setting typed and checked in file order; lr_scheduler= parsed once, checked against the settings before it
     (cos_lr, warmup_epochs), and its parsed form kept on the Config."""
     values: dict[str, Any] = {}
-    schedule = None
+    schedule, declared = None, []
     for key, value in merged.items():
         if key == "lr_scheduler":
             values[key] = _yaml_text(key, value)
             schedule = lr_settings.resolve(values[key], SimpleNamespace(**values))
+        elif key == "callbacks":  # read into declarations and checked once: the run's callbacks are built from these
+            values[key] = value
+            declared = check_callbacks(value) if value not in EMPTY_CALLBACKS else []
         else:
             values[key] = coerce(key, value, defaults.get(key))
     config = Config(**values)
     lr_settings.parsed(config, schedule)
+    object.__setattr__(config, "_declared", (config.callbacks, tuple(declared)))
     return config
+
+
+def callback_declarations(args: Any) -> list[Declaration]:
+    """`args.callbacks` as the declarations read and checked when the settings were resolved (kept on the Config, so the
+    setting is parsed once per run); read here only for settings that are no Config."""
+    kept = getattr(args, "_declared", None)
+    if kept is not None and kept[0] is args.callbacks:
+        return list(kept[1])
+    return check_callbacks(args.callbacks) if args.callbacks not in EMPTY_CALLBACKS else []
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -30,11 +30,13 @@ CODE_SETTINGS = ("callback_modules", "callbacks", "lr_scheduler")
 PLACE_SETTINGS = ("cfg", "project", "name", "datasets_dir", "weights_dir", "storage", "save_dir", "trust")
 
 
-def resume_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path, trains: bool) -> tuple[dict[str, Any], Config]:
+def resume_settings(train_args: dict[str, Any], given: dict[str, Any], path: Path, trains: bool,
+                    cfg_values: dict[str, Any] | None = None) -> tuple[dict[str, Any], Config]:
     """(the checkpoint's settings a resume may use, the settings it trains with: those under the user's `given`), resolved
-    once; `trains`: the resume trains (a finished run's missing code is no error: nothing will run)."""
+    once; `trains`: the resume trains (a finished run's missing code is no error: nothing will run); `cfg_values`: the
+    given cfg= file's settings, when already read."""
     saved = resumable_settings(dict(train_args or {}), given, path, trains=trains)  # no code, no place to write
-    return saved, get_config({**settings_to_resume(saved, given), **given, "mode": "train"})
+    return saved, get_config({**settings_to_resume(saved, given), **given, "mode": "train"}, cfg_values=cfg_values)
 
 
 def settings_to_resume(saved: dict, given: dict) -> dict:

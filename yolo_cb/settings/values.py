@@ -20,15 +20,11 @@ from yolo_cb.utils.yaml_safe import yaml_loads
 
 ALIASES = {"no_aug_epochs": "close_mosaic"}  # another name for a setting -> the setting (YOLOX's name for Ultralytics' close_mosaic)
 
-# The rules live in yolo_cb/settings/schema.py (one Setting per key); these names are views of it for older readers.
-SCHEMA = RULES
+# The rules live in yolo_cb/settings/schema.py (one Setting per key); these views of it are what the tune search space reads.
 INT_RANGES = {key: (rule.low, rule.high) for key, rule in RULES.items() if rule.kind == "int"}  # key: (min, max) inclusive
 FRACTIONS = settings_of_kind("fraction")
 POSITIVE_FLOATS = settings_of_kind("positive")
 NONNEG_FLOATS = settings_of_kind("nonneg")
-ENUMS = {key: rule.choices for key, rule in RULES.items() if rule.kind == "enum"}
-FREE = settings_of_kind("text", "device", "free", "metric", "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler")
-BOOL_OR_PATH = settings_of_kind("bool_or_path")
 # Kinds whose string values (from the CLI or a cfg file) parse as YAML scalars first; the others take text as it is.
 SCALAR_KINDS = {"int", "procs", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
 _SCHEMA_DEFAULT = object()

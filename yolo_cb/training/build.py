@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ import numpy as np
 import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
-from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.data.check import training_summary
 from yolo_cb.data.loading.device_colour import colour_on_device
 from yolo_cb.data.loading.loader import build_dataloader, build_yolo_dataset
@@ -25,7 +23,6 @@ from yolo_cb.data.resolve import single_class
 from yolo_cb.errors import ConfigError
 from yolo_cb.evaluation.val_sets import extra_sets, placeholder_keys
 from yolo_cb.nn import build_model as build
-from yolo_cb.nn.yolox.head import PRIOR_PROB
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.freeze import freeze_bn_stats, trainable_count
 from yolo_cb.settings.config import Config, load_defaults
@@ -83,9 +80,10 @@ def check_data(args: Config, rank: int) -> dict:
 
 def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict, device: torch.device, verbose: bool) -> torch.nn.Module:
     """The model on `device`: the architecture of the checkpoint resumed, of the initial checkpoint or of the YAML, with
-    the initial checkpoint's (or pretrained=) matching weights, and the dataset's class names."""
-    source = resolve_weights(model_source, args.weights_dir)  # official weights by name (yolox-s.pt): the verified file
-    init_ckpt = None
+    the initial checkpoint's (or pretrained=) matching weights, and the dataset's class names. Official weights named by
+    name were resolved to their files by the plan (training/plan.py fresh_train_args); a resume loads no pretrained=
+    weights (the checkpoint's replace them)."""
+    source, init_ckpt = model_source, None
     if resume_ckpt is not None:
         cfg = resume_ckpt.model_cfg
     elif isinstance(source, (str, Path)) and str(source).endswith((".pt", ".pth")):  # .pth: Megvii's files too
@@ -97,8 +95,8 @@ def initial_model(args: Config, model_source: Any, resume_ckpt: Any, data: dict,
     else:
         cfg = source
     model = build(cfg, nc=int(data["nc"]), verbose=verbose, imgsz=args.imgsz)
-    if args.pretrained and not isinstance(args.pretrained, bool):
-        init_ckpt = load_checkpoint(resolve_weights(args.pretrained, args.weights_dir))
+    if resume_ckpt is None and args.pretrained and not isinstance(args.pretrained, bool):
+        init_ckpt = load_checkpoint(args.pretrained)
     if init_ckpt is not None:
         load_matching_weights(model, init_ckpt)
     model.names = dict(data["names"])
@@ -115,20 +113,17 @@ def build_criterion(args: Config, model: torch.nn.Module) -> tuple[Any, tuple[st
 
 
 def load_matching_weights(model: torch.nn.Module, ckpt: Checkpoint) -> int:
-    """Copy every tensor whose key and shape match; another class count re-initialises the class head (fresh weights,
-    YOLOX's prior bias). Returns the number of tensors transferred."""
+    """Copy every tensor whose key and shape match; the others keep the build's initialisation (another class count: the
+    class head starts as the family's head does, e.g. YOLOX's prior bias). Returns the number of tensors transferred."""
 
     source = ckpt.ema or ckpt.model
     own = model.state_dict()
     matching = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(matching, strict=False)
-    fresh = [conv for i, conv in enumerate(getattr(getattr(model, "head", None), "cls_preds", None) or [])
-             if f"head.cls_preds.{i}.weight" in source and f"head.cls_preds.{i}.weight" not in matching]
-    with torch.no_grad():
-        for conv in fresh:  # fresh weights from the build; YOLOX's prior bias set here, whatever the head's own init
-            conv.bias.fill_(-math.log((1 - PRIOR_PROB) / PRIOR_PROB))
-    classes = f"; class head re-initialised for {int(getattr(model, 'nc', 0))} classes (checkpoint: {len(ckpt.names or {})}) " \
-              f"with prior probability {PRIOR_PROB}" if fresh else ""
+    reshaped = any(k in own and own[k].shape != v.shape for k, v in source.items())
+    nc, saved_nc = int(getattr(model, "nc", 0)), len(ckpt.names or {})
+    classes = f"; class head re-initialised for {nc} classes (checkpoint: {saved_nc}) as the model's head starts" \
+        if reshaped and saved_nc and nc != saved_nc else ""
     LOGGER.info(f"transferred {len(matching)}/{len(own)} tensors from the initial checkpoint{classes}")
     return len(matching)
 

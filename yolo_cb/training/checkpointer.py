@@ -18,7 +18,6 @@ from yolo_cb.checkpoints.checkpoint import (
     serialize_checkpoint,
     strip_optimizer,
 )
-from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.training import resume, resume_state
 from yolo_cb.training.run_state import RunContents
@@ -35,9 +34,14 @@ class Checkpointer:
         self.fingerprint: dict | None = None
 
     def data_fingerprint(self, data: dict) -> dict | None:
+        """The dataset's identity the checkpoints record: counted once, at the first save, unless a resume carried it."""
         if self.fingerprint is None and data:
             self.fingerprint = resume.dataset_fingerprint(data)
         return self.fingerprint
+
+    def resumed(self, ckpt: Checkpoint, data: dict) -> None:
+        """A resume of `ckpt` on `data`: its recorded fingerprint is this run's (the plan compared it with the dataset)."""
+        self.fingerprint = resume.carried_fingerprint(ckpt.data_fingerprint, data)
 
     def gather_rank_rng(self, world_size: int) -> None:
         """Under DDP: every rank's RNG states to rank 0, for the checkpoint about to be written (a collective: all ranks call it)."""
@@ -80,7 +84,7 @@ class Checkpointer:
             optimizer_steps=p.optimizer_steps,
             tloss=state.losses.tloss.tolist() if batches_done and state.losses.tloss is not None else None,
             grads=resume_state.partial_grads(parts.model) if batches_done else None,
-            use_l1=isinstance(parts.criterion, YOLOXLoss) and parts.criterion.use_l1,
+            loss=parts.criterion.training_state(),
             metrics={k: float(v) for k, v in metrics.values.items()},
             metrics_epoch=metrics.epoch,
             monitor_value=metrics.monitor_value,

@@ -17,16 +17,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from yolo_cb.evaluation.val_metrics import DetectionMetrics
-from yolo_cb.training.plan import plan_worker, world_size_for
-from yolo_cb.training.trainer import SIGNAL_EXIT
+from yolo_cb.training.plan import RunPlan, plan_worker
+from yolo_cb.training.signals import SIGNAL_EXIT
 from yolo_cb.utils.log import LOGGER
 
 
 def _signal_exits() -> dict:
-    """{signal: a worker's exit code after it} for the signals passed on to the workers (the trainer's SIGNAL_EXIT)."""
+    """{signal: a worker's exit code after it} for the signals passed on to the workers (training/signals.py)."""
 
     return SIGNAL_EXIT
 
@@ -60,13 +59,12 @@ def _pickle_user_code_by_value(callbacks) -> None:
                 pass
 
 
-def launch_ddp(args, user_callbacks, model: Any = None, resume: Path | str | None = None,
-               timeout: float | None = None) -> tuple[DetectionMetrics, Path | None]:
-    """Start `world_size` workers on this node, wait for them; (rank 0's final metrics, the weights its run ends on:
-    Trainer.final_weights)."""
+def launch_ddp(plan: RunPlan, user_callbacks, timeout: float | None = None) -> tuple[DetectionMetrics, Path | None]:
+    """Start the plan's `world_size` workers on this node, wait for them; (rank 0's final metrics, the weights its run
+    ends on: Trainer.final_weights). Each worker plans its own run from the plan's settings (plan_worker)."""
     import cloudpickle
 
-    world = world_size_for(args)
+    args, world, model, resume = plan.args, plan.world_size, plan.start, plan.resume_path
     workdir = Path(tempfile.mkdtemp(prefix="yolo_cb_ddp_"))
     payload, result = workdir / "payload.pkl", workdir / "result.json"
     _pickle_user_code_by_value(user_callbacks)

@@ -16,13 +16,13 @@ from typing import Any
 from torch import nn
 
 from yolo_cb.assembly.assemble import build_trainer_callbacks
-from yolo_cb.assembly.catalog import check_callback_names
+from yolo_cb.assembly.catalog import registered
 from yolo_cb.callbacks.dispatch import Callbacks
 from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from yolo_cb.checkpoints.weights import resolve_weights
 from yolo_cb.errors import ConfigError
 from yolo_cb.nn.build import load_model_cfg
-from yolo_cb.settings.config import Config, get_config
+from yolo_cb.settings.config import Config, callback_declarations, get_config
 from yolo_cb.training import resume
 from yolo_cb.training.resume import FinishedRun
 from yolo_cb.training.trainer import Trainer
@@ -89,19 +89,19 @@ def plan_run(overrides: dict[str, Any], model: Any = None, model_named: bool = F
     `user`: the facade's callbacks; `resolved`: the CLI's settings of exactly these overrides (not resolved again);
     `loaded`: a module load()ed in memory, which a fresh run of `model` starts from; `trainer_class`: train(trainer=...)."""
     trainer_class = checked_trainer_class(trainer_class)
-    overrides, resuming = resume.plan(dict(overrides), model=model if model_named else None)
+    overrides, resuming, cfg_values = resume.plan(dict(overrides), model=model if model_named else None)
     if resuming is not None and resuming.finished is not None:
         return RunPlan(resuming.args, None, resuming.ckpt, resuming.path, resuming.finished, 1, None, trainer_class)
     if resuming is not None:
         args, start = resuming.args.settle(), None
     else:
-        args, start = fresh_train_args(overrides, model, resolved, loaded)
+        args, start = fresh_train_args(overrides, model, resolved, loaded, cfg_values)
     setup_logging(args.verbose)
     world = world_size_for(args)
     launcher = world > 1 and "LOCAL_RANK" not in os.environ  # its workers build their callbacks (plan_worker)
     if launcher:
         check_workers_can_start(start, trainer_class)
-        check_callback_names(args.callbacks)  # a registered name in callbacks= that is wrong: one line, before any work
+        registered(callback_declarations(args))  # a registered name in callbacks= that is wrong: one line, before any work
     return RunPlan(args, start, resuming.ckpt if resuming else None, resuming.path if resuming else None, None, world,
                    None if launcher else build_trainer_callbacks(args, user), trainer_class)
 
@@ -115,12 +115,15 @@ def plan_worker(settings: dict[str, Any], user: Callbacks, model: Any, resume_pa
     return RunPlan(args, model, ckpt, Path(resume_path) if resume_path else None, None, 1, build_trainer_callbacks(args, user))
 
 
-def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None, loaded: Any = None) -> tuple[Config, Any]:
+def fresh_train_args(overrides: dict[str, Any], source: Any, resolved: Config | None = None, loaded: Any = None,
+                     cfg_values: dict[str, Any] | None = None) -> tuple[Config, Any]:
     """(settings, model source) of a new run, settled: args.yaml records the model; official weights named by name are
-    fetched here, once, before DDP workers; a model= that is no model YAML fails here, before a run folder is made.
-    `resolved`: these overrides' settings as the CLI resolved them (their model is `source` or none), used as they are;
-    `loaded`: a module load()ed in memory, which the run starts from instead of `source`."""
-    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"})
+    fetched here, once, before DDP workers (the trainer builds from these files); a model= that is no model YAML fails
+    here, before a run folder is made. `resolved`: these overrides' settings as the CLI resolved them (their model is
+    `source` or none), used as they are; `loaded`: a module load()ed in memory, which the run starts from instead of
+    `source`; `cfg_values`: the cfg= file's settings when resume=auto already read them."""
+    args = resolved if resolved is not None else get_config({**overrides, **({"model": source} if source else {}), "mode": "train"},
+                                                            cfg_values=cfg_values)
     weights = resolve_weights(source, args.weights_dir)
     if weights is not source:
         source = args.model = str(weights)

@@ -39,6 +39,15 @@ class FinishedRun(NamedTuple):
     weights: Path  # the weights to use from now on: best.pt, else the checkpoint
 
 
+class Planned(NamedTuple):
+    """What resume.plan decided: the overrides to train with, the resume (None: a fresh run), and the cfg= file's settings
+    when resume=auto read them to find its folder (None: not read here; the settings' resolution reads the file)."""
+
+    overrides: dict[str, Any]
+    resume: ResumePlan | None
+    cfg_values: dict[str, Any] | None
+
+
 class ResumePlan(NamedTuple):
     """A resume decided: the settings to train with, the checkpoint and its (absolute) path, and, when its run ended and
     nothing extends it, what it finished with."""
@@ -54,29 +63,30 @@ def _not_set(value: Any) -> bool:
 
 
 # --- the plan ---------------------------------------------------------------------------------------------------------
-def plan(overrides: dict[str, Any], model: str | None = None) -> tuple[dict[str, Any], ResumePlan | None]:
-    """(the overrides to train with, the resume; None: a fresh run) for train(**overrides). `model` is a model the user
+def plan(overrides: dict[str, Any], model: str | None = None) -> Planned:
+    """The overrides to train with and the resume (None: a fresh run) of train(**overrides). `model` is a model the user
     named (None: not named). resume=auto picks the run folder's last.pt or a fresh run there; a torchrun restart without
     resume= is warned about, since it starts over."""
     auto = str(overrides.get("resume")).lower() == "auto"
+    cfg_values = load_cfg_file(overrides["cfg"]) if auto and overrides.get("cfg") else None  # read once, here
     if auto:
-        overrides = _auto_overrides(overrides)
+        overrides = _auto_overrides(overrides, cfg_values or {})
     elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and _not_set(overrides.get("resume")) and rank() in (-1, 0):
         LOGGER.warning(f"WARNING torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}) and resume= "
                        f"is not set: training starts over. Pass resume=auto (and a fixed name=) so that a restart continues")
     if _not_set(overrides.get("resume")):
-        return overrides, None
+        return Planned(overrides, None, cfg_values)
     try:
-        prepared = prepare_resume(overrides, model=model)
+        prepared = prepare_resume(overrides, model=model, cfg_values=cfg_values)
     except ConfigError as error:
         if not auto:
             raise
-        get_config({**overrides, "resume": False, "mode": "train"})  # an error in the user's own settings is raised as it is
+        get_config({**overrides, "resume": False, "mode": "train"}, cfg_values=cfg_values)  # an error in the user's own settings is raised as it is
         raise type(error)(f"resume=auto: {overrides['resume']} is not a run of these settings, so it is neither continued nor "
                           f"overwritten: {error}. Use another name= for a new run, or the settings it was started with") from None
     if auto and prepared.finished is None:
         _say(f"resume=auto: continuing the run in {Path(overrides['resume']).parent.parent} from {overrides['resume']}")
-    return overrides, prepared
+    return Planned(overrides, prepared, cfg_values)
 
 
 def _say(message: str) -> None:
@@ -103,19 +113,19 @@ def find_last_checkpoint(project: str | None) -> Path:
     return candidates[-1]
 
 
-def _auto_folder(overrides: dict[str, Any]) -> Path:
-    """The run folder project/name of resume=auto, from the call or its cfg= file: only these two settings are read here,
-    since the run's settings are resolved once, by prepare_resume or by the fresh run."""
-    given = {**(load_cfg_file(overrides["cfg"]) if overrides.get("cfg") else {}), **overrides}
+def _auto_folder(overrides: dict[str, Any], cfg_values: dict[str, Any]) -> Path:
+    """The run folder project/name of resume=auto, from the call or its cfg= file's settings (`cfg_values`): only these two
+    settings are read here, since the run's settings are resolved once, by prepare_resume or by the fresh run."""
+    given = {**cfg_values, **overrides}
     project, name = coerce("project", given.get("project")), coerce("name", given.get("name"))
     return (Path(project) if project else default_project()) / (name or "train")
 
 
-def _auto_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+def _auto_overrides(overrides: dict[str, Any], cfg_values: dict[str, Any]) -> dict[str, Any]:
     """resume=auto: the overrides with resume= the last.pt of the run folder project/name when it holds one (a run of the
     same settings: any other is refused by prepare_resume, naming what differs); else resume=False and exist_ok=True, so
     a fresh run starts in exactly that folder and the next start of the same command finds it. Says which in the log."""
-    folder = _auto_folder(overrides)
+    folder = _auto_folder(overrides, cfg_values)
     last = folder / "weights" / "last.pt"
     if not last.is_file():
         _say(f"resume=auto: no {last} yet; starting a fresh run in {folder}")
@@ -123,7 +133,7 @@ def _auto_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return {**overrides, "resume": str(last)}
 
 
-def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> ResumePlan:
+def prepare_resume(overrides: dict[str, Any], model: str | None = None, cfg_values: dict[str, Any] | None = None) -> ResumePlan:
     """A resume: the checkpoint's settings, with only RESUME_MUTABLE overrides allowed.
 
     `model` is a model the user named (None: not named); one other than the checkpoint's is refused, and so is a
@@ -134,7 +144,7 @@ def prepare_resume(overrides: dict[str, Any], model: str | None = None) -> Resum
     path = path.resolve()
     given = {k: v for k, v in overrides.items() if k != "resume"}
     finished = record.ended_for(coerce("epochs", overrides["epochs"]) if "epochs" in overrides else None)
-    saved, requested = resume_settings(record.train_args, given, path, trains=not finished)
+    saved, requested = resume_settings(record.train_args, given, path, trains=not finished, cfg_values=cfg_values)
     requested.resume = str(path)
     if "epochs" in overrides:
         check_resume_epochs(record, requested, path)
@@ -238,9 +248,19 @@ def dataset_fingerprint(data: dict[str, Any], version: int = FINGERPRINT_VERSION
     return {**fingerprint, "version": version} if version >= 2 else fingerprint
 
 
+def carried_fingerprint(recorded: dict[str, Any] | None, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The dataset fingerprint a resumed run records: the checkpoint's own, which its plan found equal to the dataset
+    (check_same_dataset: the images were listed there, once), with the data YAML's path as it is now; None when the
+    checkpoint recorded an older form (the images are then counted in today's form at the first save)."""
+    if not recorded or int(recorded.get("version", 1)) != FINGERPRINT_VERSION:
+        return None
+    return {**recorded, "yaml": str(data.get("yaml_file", ""))}
+
+
 def describe_dataset(fingerprint: dict[str, Any]) -> str:
     names = fingerprint.get("names") or []
-    shown = ", ".join(printable(n) for n in names[:8])  # the names escaped: this message is printed, the names are a data YAML's + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
+    # the names escaped: this message is printed, and the names are a data YAML's
+    shown = ", ".join(printable(n) for n in names[:8]) + (f", ... ({len(names)} classes)" if len(names) > 8 else "")
     return f"{fingerprint.get('yaml') or '?'} ({fingerprint.get('train_images')} train / {fingerprint.get('val_images')} val images; names: {shown})"
 
 

@@ -13,11 +13,9 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_cb.checkpoints.checkpoint import Checkpoint, checkpoint_epoch, load_weights_strictly, save_checkpoint, set_rng_states
-from yolo_cb.nn.yolox.loss import YOLOXLoss
 from yolo_cb.recipe.early_stop import LEGACY_STATE, legacy_best_epoch
 from yolo_cb.recipe.ema import unwrap
 from yolo_cb.recipe.optim import fit_saved_layout
-from yolo_cb.training.resume import check_same_dataset
 from yolo_cb.training.run_state import RunContents, RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
@@ -82,7 +80,7 @@ def restore_best(ckpt: Checkpoint, resumed: str | Path, best: Path) -> None:
 
 def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     """Restore a built run from `ckpt`: weights, optimizer, EMA, scaler, counters, metrics, the recipe's and callbacks'
-    states, RNG; refuses (ResumeError) a dataset other than the checkpoint's."""
+    states, RNG. The dataset is the checkpoint's: the plan refused any other (training/resume.py check_resume_data)."""
     load_weights_strictly(unwrap(run.parts.model), ckpt.model, f"checkpoint '{run.args.resume}'")
     if ckpt.optimizer:
         run.parts.optimizer.load_state_dict(fit_saved_layout(ckpt.optimizer, run.parts.optimizer, unwrap(run.parts.model)))
@@ -102,8 +100,7 @@ def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     run.state.best.fitness, run.state.best.epoch, run.state.metrics.fitness = ckpt.best_fitness, best_epoch, ckpt.fitness
     run.state.metrics.values = dict(ckpt.metrics or {})
     run.state.metrics.epoch, run.state.metrics.monitor_value = ckpt.metrics_epoch, ckpt.monitor_value
-    if isinstance(run.parts.criterion, YOLOXLoss):
-        run.parts.criterion.set_l1(bool(ckpt.use_l1))
+    run.parts.criterion.load_training_state(ckpt.loss or {})
     recorded_step = ckpt.last_opt_step  # None in older files: the last step of the last completed epoch
     run.step.last_opt_step = int(run.state.progress.start_epoch * run.parts.num_batches - 1 if recorded_step is None else recorded_step)
     run.recipe.load_states(ckpt.recipe, callback_states)
@@ -115,7 +112,6 @@ def load_state(ckpt: Checkpoint, run: RunContents) -> None:
     if skip:
         run.state.progress.stepped = True
         run.state.progress.mid_epoch = MidEpoch(skip, torch.tensor(ckpt.tloss) if ckpt.tloss is not None else None, ckpt.grads)
-    check_same_dataset(ckpt, run.parts.data, run.args.resume)
     if run.state.progress.start_epoch >= run.state.progress.epochs:  # killed after the last epoch was saved, before the run ended
         LOGGER.info(f"all {run.state.progress.epochs} epochs are trained; finishing the run (final validation of best.pt)")
     elif skip:

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 from yolo_cb.data import batch as batch_keys
 from yolo_cb.data.batch import batch_shape
 from yolo_cb.data.loading.device_colour import model_input
 from yolo_cb.recipe.optim import resolve_optimizer, sync_late_groups
+from yolo_cb.recipe.schedule import Warmup
 from yolo_cb.training.run_state import Clock, RunState
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.log import LOGGER
@@ -77,6 +77,15 @@ class StepBinding(NamedTuple):
     flag_device: Any
 
 
+class StepResult(NamedTuple):
+    """What one batch's step did: its loss items (on the CPU; None when the loss was not finite), whether the loss was
+    finite (a non-finite batch is skipped), and whether an optimizer step was taken."""
+
+    losses: torch.Tensor | None
+    finite: bool
+    stepped: bool
+
+
 class BatchStep:
     """Forward, backward and the optimizer step of one batch, with what they carry from batch to batch."""
 
@@ -89,9 +98,8 @@ class BatchStep:
         self.global_batch = 0  # images per optimizer step over all ranks, before accumulation
         self.accumulate = 1  # batches per optimizer step
         self.last_opt_step = -1  # the batch index (over the run) of the last optimizer step
-        self.warmup_iters = -1  # batches of warmup (-1: none)
-        self.warmup_bias_lr = 0.0
-        self.optimizer_name, self.momentum = "", 0.0
+        self.warmup = Warmup()  # the run's warmup (plan_optimizer): the schedule ramps the LR, this step the accumulation
+        self.optimizer_name = ""
         self.nonfinite_in_a_row = 0
         self.run_with: StepBinding | None = None  # set once the run's parts exist (bind)
 
@@ -102,6 +110,7 @@ class BatchStep:
     @property
     def batch_size_px(self) -> int:
         return batch_shape(self.batch, self.imgsz)[1]
+
     def bind(self, binding: StepBinding) -> None:
         self.run_with = binding
 
@@ -113,9 +122,8 @@ class BatchStep:
         self.accumulate = max(round(args.nbs / self.global_batch), 1)
         decay = args.weight_decay * self.global_batch * self.accumulate / args.nbs
         iterations = math.ceil(dataset_size / max(args.batch, args.nbs)) * epochs
-        self.optimizer_name, _, self.momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
-        self.warmup_iters = max(round(args.warmup_epochs * num_batches), 100) if args.warmup_epochs > 0 else -1
-        self.warmup_bias_lr = args.warmup_bias_lr  # every optimizer's biases start warmup here (as Ultralytics; BENCHMARKS.md)
+        self.optimizer_name, _, momentum = resolve_optimizer(args.optimizer, args.lr0, args.momentum, iterations)
+        self.warmup = Warmup.of(args, num_batches, momentum)
         self.use_amp, self.amp_dtype = amp_plan(bool(args.amp), device)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
         if self.use_amp and device.type == "cpu":
@@ -123,16 +131,18 @@ class BatchStep:
         self.last_opt_step = -1
         return {"name": args.optimizer, "lr": args.lr0, "momentum": args.momentum, "decay": decay, "iterations": iterations}
 
-    def run(self, epoch: int, batch_i: int, num_batches: int) -> None:
-        """Train on self.batch: on_train_batch_start ... (optimizer_step, on_before_zero_grad when a step is due)."""
+    def run(self, epoch: int, batch_i: int, ni: int) -> StepResult:
+        """Train on self.batch, batch `batch_i` of `epoch` and `ni` of the run: on_train_batch_start ... (optimizer_step,
+        on_before_zero_grad when a step is due); what it did."""
         bound = self.run_with
         before = batch_keys.snapshot(self.batch)
         bound.fire("on_train_batch_start")
         batch_keys.apply_edits(self.batch, before)  # a callback's edit of trainer.batch["cls"] / ["bboxes"] / ["batch_idx"] trains
         clock, start = bound.clock, perf_counter()
         args, device = bound.args, bound.device
-        ni = batch_i + num_batches * epoch
-        self.warmup_accumulate(ni, args.nbs)
+        warming = self.warmup.accumulate(ni, args.nbs, self.global_batch)  # during warmup, from 1 batch up to the nominal batch
+        if warming is not None:
+            self.accumulate = warming
         # non_blocking: the loader pins memory on CUDA; colour here when the workers left it to the device (colour_on=)
         images = model_input(self.batch["img"].to(device, non_blocking=True), self.batch.get("hsv_gains"))
         if args.channels_last:
@@ -148,7 +158,7 @@ class BatchStep:
             finite = bool(torch.isfinite(self.loss.detach()).all())
         if distributed.any_rank(not finite, bound.flag_device):
             self.skip_nonfinite(epoch, batch_i)
-            return
+            return StepResult(None, False, False)
         self.nonfinite_in_a_row = 0
         losses, i = bound.state.losses, batch_i
         losses.tloss = losses.loss_items if losses.tloss is None else (losses.tloss * i + losses.loss_items) / (i + 1)
@@ -158,9 +168,11 @@ class BatchStep:
         self.scaler.scale(self.loss * self.global_batch / args.nbs).backward()
         clock.spent("backward", start)
         bound.fire("on_after_backward")
-        if ni - self.last_opt_step >= self.accumulate:
+        stepped = ni - self.last_opt_step >= self.accumulate
+        if stepped:
             self.optimizer_step(ni)
             self.last_opt_step = ni
+        return StepResult(losses.loss_items, True, stepped)
 
     @staticmethod
     def forward(parts):
@@ -209,9 +221,3 @@ class BatchStep:
         if parts.ema is not None:
             parts.ema.update(parts.model)
         clock.spent("optimizer", start)
-
-    def warmup_accumulate(self, ni: int, nbs: int) -> None:
-        """During warmup, accumulate from 1 batch up to the nominal batch. The LR and momentum are the LR schedule's."""
-        if ni > self.warmup_iters:
-            return
-        self.accumulate = max(1, int(np.interp(ni, [0, self.warmup_iters], [1, nbs / self.global_batch]).round()))

@@ -45,8 +45,8 @@ class TrainerSurface:
     batch, batch_instances, batch_size_px = (delegate("step", n) for n in ("batch", "batch_instances", "batch_size_px"))
     loss = delegate("step", "loss", "A control in on_train_batch_loss_end: the loss this batch backpropagates.", control=True)
     scaler, amp_dtype, use_amp, accumulate = (delegate("step", n) for n in ("scaler", "amp_dtype", "use_amp", "accumulate"))
-    last_opt_step, global_batch, warmup_iters = (delegate("step", n) for n in ("last_opt_step", "global_batch", "warmup_iters"))
-    warmup_bias_lr, momentum, optimizer_name = (delegate("step", n) for n in ("warmup_bias_lr", "momentum", "optimizer_name"))
+    last_opt_step, global_batch, optimizer_name = (delegate("step", n) for n in ("last_opt_step", "global_batch", "optimizer_name"))
+    warmup_iters, warmup_bias_lr, momentum = (delegate("step.warmup", n) for n in ("iters", "bias_lr", "momentum"))
     device, rank, world_size = (delegate("place", n) for n in ("device", "rank", "world_size"))
     save_dir, wdir = delegate("place", "save_dir"), delegate("place", "wdir")
     epoch_time, epoch_time_start = delegate("clock", "epoch_time"), delegate("clock", "epoch_time_start")
@@ -116,7 +116,7 @@ class TrainerSurface:
     def use_schedule(self, lr_scheduler) -> None:
         """Before training starts (on_pretrain_routine_start): the loop's LR schedule follows `lr_scheduler` (any value of
         the setting but none and module:Class) instead of the setting."""
-        if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.groups):
+        if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.started):
             raise RuntimeError("trainer.use_schedule(): the LR schedule has started; choose it in on_pretrain_routine_start")
         self.recipe.schedule = LRSchedule(lr_scheduler)
 

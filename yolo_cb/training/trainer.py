@@ -33,13 +33,12 @@ from yolo_cb.recipe.saver import EpochOutcome
 from yolo_cb.recipe.stop import StopCause
 from yolo_cb.settings.config import Config
 from yolo_cb.training import build, resume_state
-from yolo_cb.training.build import refuse_unread_loss_settings  # noqa: F401  (imported from here by callers and tests)
 from yolo_cb.training.checkpointer import Checkpointer
 from yolo_cb.training.epoch_record import EpochOutput, EpochRecord
 from yolo_cb.training.place import Place, make_save_dir
 from yolo_cb.training.run_state import Clock, Progress, RunContents, RunState
-from yolo_cb.training.signals import SIGNAL_EXIT, SignalWatch  # noqa: F401  (SIGNAL_EXIT: yolo_cb/training/launch.py reads it here)
-from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding  # noqa: F401  (public names)
+from yolo_cb.training.signals import SignalWatch
+from yolo_cb.training.step import MAX_NONFINITE_IN_A_ROW, BatchStep, NonFiniteLossError, StepBinding, StepResult  # noqa: F401  (public names)
 from yolo_cb.training.surface import TrainerSurface
 from yolo_cb.utils import dist as distributed
 from yolo_cb.utils.device import select_device
@@ -203,6 +202,7 @@ class Trainer(TrainerSurface):
         self.step.bind(StepBinding(args, self.parts, self.state, self.clock, self.run_callbacks, self.device, self.flag_device))
         if self.resume_ckpt is not None:
             resume_state.load_state(self.resume_ckpt, self._contents())
+            self.checkpointer.resumed(self.resume_ckpt, self.data)
         self._wrap_forward()
         self.parts.validator = Validator(args, save_dir=self.save_dir, callbacks=self.callbacks, dataloader=self.test_loader)
         self.validator.trainer = self  # validator events reach the trainer (and its epoch) during training
@@ -219,8 +219,7 @@ class Trainer(TrainerSurface):
         """The schedule sets the first epoch's LR (a resume restored its state); the unfreeze stages are checked against
         what freeze= froze; a resume rewrites results.csv."""
         if self.recipe.schedule is not None:
-            self.recipe.schedule.start(self.optimizer, self.args, self.epochs, self.start_epoch, self.warmup_iters, self.warmup_bias_lr,
-                                self.momentum)
+            self.recipe.schedule.start(self.optimizer, self.args, self.epochs, self.start_epoch, self.step.warmup)
         if self.recipe.unfreeze is not None:
             self.recipe.unfreeze.check(self.frozen, self.epochs, self.is_main)
         if self.is_main and self.args.save and self.start_epoch > 0:
@@ -259,13 +258,13 @@ class Trainer(TrainerSurface):
         for batch_i, batch in enumerate(self.train_loader, start=skip):
             self.clock.spent("data", self.clock.mark)  # the wait for this batch
             self.state.progress.batch_i, self.step.batch = batch_i, batch
-            steps = self.optimizer_steps
+            ni = batch_i + self.num_batches * self.epoch  # the batch's index over the run: what warmup follows
             if self.recipe.schedule is not None:
-                self.recipe.schedule.warmup_batch(self.epoch, batch_i, self.num_batches)
-            self._train_batch()
+                self.recipe.schedule.warmup_batch(self.epoch, ni)
+            result = self._train_batch(ni)
             self.state.progress.batches_done = batch_i + 1
             n = self.args.save_steps
-            self.state.progress.save_step_due = bool(n) and self.optimizer_steps > steps and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
+            self.state.progress.save_step_due = bool(n) and result.stepped and self.optimizer_steps % n == 0 and self.batches_done < self.num_batches
             if self.save_step_due:
                 self.checkpointer.gather_rank_rng(self.world_size)
                 if self.is_main and self.recipe.saver.active:
@@ -280,8 +279,8 @@ class Trainer(TrainerSurface):
         self.state.metrics.lr = {f"lr/pg{i}": group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
         self.run_callbacks("on_train_epoch_end")
 
-    def _train_batch(self) -> None:
-        self.step.run(self.epoch, self.batch_i, self.num_batches)
+    def _train_batch(self, ni: int) -> StepResult:
+        return self.step.run(self.epoch, self.batch_i, ni)
 
     # --- Ultralytics' steps a subclass may override: the loop calls them by name --------------------------------
     def build_optimizer(self, model, name: str = "auto", lr: float = 0.001, momentum: float = 0.9, decay: float = 1e-5,

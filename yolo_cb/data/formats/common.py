@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from yolo_cb.data.verify import img2label_path
 from yolo_cb.errors import DataError, os_reason, short_repr
 
 MIN_SIZE_PX = 1e-6  # a clipped box narrower or lower than this (pixels) has no area: dropped
@@ -245,8 +246,6 @@ def new_temp_folder(final: Path) -> Path:
 def write_split(split: Split, root: Path, name: str) -> Counter:
     """Write `split` as ``root/images/<name>/`` (image links) and ``root/labels/<name>/`` (txt, empty for a background).
     Returns how many images were linked and copied."""
-    from yolo_cb.data.verify import img2label_path
-
     done: Counter = Counter()
     for image in split.images:
         dst = root / "images" / name / image.name

@@ -70,6 +70,13 @@ class YOLOCBLoss:
         self.box_gain, self.cls_gain, self.dfl_gain = float(box_gain), float(cls_gain), float(dfl_gain)
         self.assigner = TaskAlignedAssigner()
 
+    def training_state(self) -> dict:
+        """What training changes in this loss (a checkpoint keeps it under `loss`): nothing."""
+        return {}
+
+    def load_training_state(self, state: dict) -> None:
+        """Take back training_state(): there is nothing to take."""
+
     @classmethod
     def from_settings(cls, nc: int, reg_max: int, settings: Mapping[str, Any] | None = None) -> YOLOCBLoss:
         """The loss for training `settings`: it reads none of them (`reads_settings` is empty; the trainer refuses a

@@ -163,6 +163,15 @@ class YOLOXLoss(nn.Module):
         """Turn the L1 term on or off (YOLOX's stage switch turns it on for the last, no-augmentation epochs)."""
         self.use_l1 = bool(on)
 
+    def training_state(self) -> dict:
+        """What training changes in this loss, as plain data (a checkpoint keeps it under `loss`): the L1 switch. Not
+        nn.Module's state_dict, which holds tensors and is part of the model's."""
+        return {"use_l1": self.use_l1}
+
+    def load_training_state(self, state: dict) -> None:
+        """Take back training_state() (an empty state: the L1 term off, as a run starts)."""
+        self.set_l1(bool(state.get("use_l1", False)))
+
     def switches(self) -> dict:
         """The current value of every SimOTA switch (see ASSIGNERS)."""
         return {key: getattr(self, key) for key in ASSIGNERS[DEFAULT_ASSIGNER]}
