@@ -47,11 +47,11 @@ def main() -> None:
         tree = str(Path(settings.pop("tree", ROOT)).resolve())  # the yolo-cb source this variant imports
         spec = {"lib": "yolo_cb", "model": model, "data": str(dataset_view(work / "data", False, source=a.data)),
                 "project": str(a.out.resolve() / name), "settings": settings, "core": cores[i % len(cores)],
-                "result": str(work / "result.json")}
+                "result": str(work / "result.json"), "tree": tree}
         (work / "spec.json").write_text(json.dumps(spec, indent=1))
         a.out.mkdir(parents=True, exist_ok=True)
         jobs.append({"lib": "yolo_cb", "label": name, "python": a.python, "spec": work / "spec.json", "core": spec["core"],
-                     "log": a.out / f"{name}.log", "cwd": work, "items": items, "pythonpath": tree})
+                     "log": a.out / f"{name}.log", "cwd": work, "items": items})
     run_group(jobs)
     curves = {}
     for job, (name, *_items) in zip(jobs, a.variant, strict=True):

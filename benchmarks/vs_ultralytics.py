@@ -131,10 +131,12 @@ def worker(spec_path: Path) -> None:
 
         version = ultralytics.__version__
     else:
+        sys.path.insert(0, spec.get("tree", str(ROOT)))  # the yolo-cb source this side trains with (recipe_ab.py's tree=)
         import yolo_cb
         from yolo_cb import YOLO
 
         version = yolo_cb.__version__
+        print(f"[vs_ultralytics] yolo_cb from {Path(yolo_cb.__file__).parent}", flush=True)
     import cv2
     import torch
 
@@ -232,7 +234,7 @@ def run_group(jobs: list[dict], echo: bool = True) -> None:
     for job in jobs:
         env = {**os.environ, "YOLO_OFFLINE": "1", **{k: "1" for k in THREAD_ENV}}
         if job["lib"] == "yolo_cb":
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.get("pythonpath", str(ROOT)), env.get("PYTHONPATH")]))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         log = open(job["log"], "w")
         job["t_start"] = time.perf_counter()
         job["proc"] = subprocess.Popen([job["python"], str(Path(__file__).resolve()), "--worker", str(job["spec"])],
