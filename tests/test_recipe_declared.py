@@ -1,0 +1,65 @@
+"""The recipe is decided once (issue 60): the declarations `- early_stopping`, `- lr_schedule` and `- unfreeze` in
+callbacks= are folded into the settings when they are read, so `RecipeParts.from_args` builds the whole recipe from the
+settings alone, and no callback changes it at run time."""
+
+from __future__ import annotations
+
+import pytest
+
+from yolo_cb.assembly.assemble import build_trainer_callbacks
+from yolo_cb.assembly.builtin import EarlyStopping, ScheduleChoice, UnfreezeChoice
+from yolo_cb.callbacks.dispatch import event_methods
+from yolo_cb.callbacks.registry import REGISTRY
+from yolo_cb.errors import ConfigError
+from yolo_cb.recipe.parts import RecipeParts
+from yolo_cb.settings.config import get_config
+from yolo_cb.settings.lr_settings import parsed
+
+DECLARED = [{"early_stopping": {"patience": 7, "restore_best_weights": False}}, {"lr_schedule": {"lr_scheduler": "cosine"}},
+            {"unfreeze": {"stages": {3: ["model.1"], "5": "all"}}}]
+
+
+def test_from_args_alone_builds_the_declared_recipe():
+    args = get_config({"callbacks": DECLARED, "freeze": 2, "patience": 50, "lr_scheduler": "linear", "unfreeze_epoch": 1,
+                       "restore_best": True})
+    recipe = RecipeParts.from_args(args)  # nothing else runs: no trainer, no callback
+    assert recipe.early_stop.patience == 7 and args.restore_best is False  # the declaration replaces the settings
+    assert args.lr_scheduler == "cosine" and parsed(args).name == "cosine" and recipe.schedule is not None
+    assert recipe.unfreeze.stages == {3: ["model.1"], 5: "all"}  # not unfreeze_epoch=1's {1: all}
+    assert args.unfreeze_stages == {3: ["model.1"], 5: "all"} and "unfreeze_stages" not in args.as_dict()
+
+
+def test_without_declarations_the_settings_are_the_recipe():
+    args = get_config({"freeze": 2, "patience": 4, "unfreeze_epoch": 1})
+    recipe = RecipeParts.from_args(args)
+    assert recipe.early_stop.patience == 4 and recipe.unfreeze.stages == {1: "all"} and args.unfreeze_stages is None
+
+
+def test_a_later_declaration_wins():
+    args = get_config({"callbacks": [{"early_stopping": {"patience": 2}}, {"early_stopping": {"patience": 9}}]})
+    assert RecipeParts.from_args(args).early_stop.patience == 9
+
+
+def test_the_declarations_act_at_no_event_and_are_no_callbacks_of_a_run():
+    for cls in (EarlyStopping, ScheduleChoice, UnfreezeChoice):
+        assert REGISTRY[cls.registry_name] is cls
+        assert not hasattr(cls, "on_pretrain_routine_start")
+        with pytest.raises(ValueError, match="has no method named after an event"):
+            event_methods(cls.__new__(cls))
+    callbacks = build_trainer_callbacks(get_config({"callbacks": DECLARED, "freeze": 2, "mlflow": False, "onnx_check": False}))
+    names = {getattr(e.owner, "registry_name", None) for e in callbacks.entries()}
+    assert not names & {"early_stopping", "unfreeze"}
+    assert all(type(e.owner) is not ScheduleChoice for e in callbacks.entries())
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"early_stopping": {"patience": -1}}, "early_stopping: patience=-1, expected an integer >= 0"),
+    ({"early_stopping": {"restore_best_weights": "no"}}, "early_stopping: restore_best_weights='no', expected true or false"),
+    ({"early_stopping": {"patiense": 3}}, "'early_stopping' got an unexpected keyword argument 'patiense' .it takes: patience, "
+                                          "restore_best_weights."),
+    ({"lr_schedule": {"lr_scheduler": "none"}}, "lr_schedule: lr_scheduler='none' is no schedule the loop runs"),
+    ({"unfreeze": {"stages": {-1: "all"}}}, "unfreeze: stage epoch -1 is not an integer >= 0"),
+])
+def test_a_wrong_declaration_is_refused_when_the_settings_are_read(item, message):
+    with pytest.raises(ConfigError, match=message):
+        get_config({"callbacks": [item]})
