@@ -63,7 +63,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
                          "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
-                             "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
+                             "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
     "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
     "yolo_cb.engine": (),  # the old import paths: an import finder in its __init__, no modules
     "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),

@@ -109,6 +109,7 @@ class UnfreezeChoice:
 # the default callbacks, registered in this order; their own `after` / `before` say what else must hold
 DEFAULTS = ("lr_schedule", "progress", "callback_record")  # lr_schedule: only for lr_scheduler=module:Class (your class)
 
-# the loop's own steps (the LR schedule, results.csv, the checkpoint files, checkpoint averaging), named as the callbacks
+# the loop's own steps (the LR schedule, results.csv, the checkpoint files, checkpoint averaging, early stopping's
+# close_mosaic stage policy), named as the callbacks
 # that did them once were: after= / before= may name them (the files are written before on_model_save), they place nothing
-LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state", "average_best")
+LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state", "average_best", "stop_stage")
