@@ -42,6 +42,13 @@ def test_a_later_declaration_wins():
     assert RecipeParts.from_args(args).early_stop.patience == 9
 
 
+def test_a_declaration_by_its_class_path_is_folded_too():
+    args = get_config({"callbacks": [{"yolo_cb.assembly.builtin:EarlyStopping": {"patience": 4}}], "mlflow": False,
+                       "onnx_check": False})
+    assert RecipeParts.from_args(args).early_stop.patience == 4
+    assert all(type(e.owner) is not EarlyStopping for e in build_trainer_callbacks(args).entries())
+
+
 def test_the_declarations_act_at_no_event_and_are_no_callbacks_of_a_run():
     for cls in (EarlyStopping, ScheduleChoice, UnfreezeChoice):
         assert REGISTRY[cls.registry_name] is cls

@@ -79,8 +79,21 @@ class Folded(NamedTuple):
     unfreeze_stages: dict[int, Any] | None
 
 
+# the declarations' classes (yolo_cb/assembly/builtin.py) named by import path: folded as their registered names are
+CLASS_PATHS = {f"yolo_cb.assembly.builtin{sep}{cls}": name for sep in (":", ".") for cls, name in
+               (("EarlyStopping", "early_stopping"), ("ScheduleChoice", "lr_schedule"), ("UnfreezeChoice", "unfreeze"))}
+
+
+def recipe_name(declared: Declaration) -> str | None:
+    """The recipe declaration `declared` is (early_stopping | lr_schedule | unfreeze), or None for any other."""
+    if declared.is_event:
+        return None
+    key = CLASS_PATHS.get(declared.key) if declared.is_import_path else declared.key
+    return key if key in RECIPE_DECLARATIONS else None
+
+
 def is_recipe_declaration(declared: Declaration) -> bool:
-    return not declared.is_event and not declared.is_import_path and declared.key in RECIPE_DECLARATIONS
+    return recipe_name(declared) is not None
 
 
 def fold(declared: list[Declaration]) -> Folded:
@@ -94,10 +107,11 @@ def fold(declared: list[Declaration]) -> Folded:
 
 
 def _declared_values(declared: Declaration) -> dict[str, Any]:
-    function, kwargs = RECIPE_DECLARATIONS[declared.key], dict(declared.arg or {})
+    name = str(recipe_name(declared))
+    function, kwargs = RECIPE_DECLARATIONS[name], dict(declared.arg or {})
     try:
         inspect.signature(function).bind(**kwargs)
     except TypeError as error:
         takes = ", ".join(inspect.signature(function).parameters)
-        raise bad_item(declared.item, f"'{declared.key}' {error} (it takes: {takes})") from None
+        raise bad_item(declared.item, f"'{name}' {error} (it takes: {takes})") from None
     return function(**kwargs)
