@@ -41,7 +41,7 @@ ROOT = "yolo_cb"
 INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "log", "files", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
-    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "config", "resume"),
+    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "declared", "config", "resume"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "engine", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),
@@ -63,7 +63,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
                          "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
-                             "stop_stage", "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
+                             "worst_images", "tensorboard", "mlflow", "wandb", "clearml", "comet", "dvc"),
     "yolo_cb.assembly": ("builtin", "catalog", "assemble"),
     "yolo_cb.engine": (),  # the old import paths: an import finder in its __init__, no modules
     "yolo_cb.tune": ("claim", "interrupted", "pruning", "report", "space", "storage", "tracking", "tuner", "ray_backend"),

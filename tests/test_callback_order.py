@@ -25,17 +25,17 @@ def names(cb: Callbacks, event: str) -> list[str]:
 
 def test_declared_order_across_defaults_integrations_user_and_yaml():
     user = Callbacks()
-    user.add_callback("on_fit_epoch_end", lambda t: None, name="mine", before="stop_stage")
+    user.add_callback("on_fit_epoch_end", lambda t: None, name="mine", before="visualize")
     user.add_callback("on_fit_epoch_end", lambda t: None, name="after_yaml", after="yaml_log")
     spec = [{"on_fit_epoch_end": {"call": "cbpkg:log_epoch", "name": "yaml_log", "before": "tensorboard"}}]
     cb = build_trainer_callbacks(get_config({**QUIET, "tensorboard": True, "callbacks": spec}), user)
     order = names(cb, "on_fit_epoch_end")
-    assert order.index("mine") < order.index("stop_stage")  # a user callback placed before an integration
+    assert order.index("mine") < order.index("visualize")  # a user callback placed before an integration
     assert order.index("yaml_log") < order.index("tensorboard")  # a YAML spec placed before an integration
     assert order.index("after_yaml") > order.index("yaml_log")  # a user callback after a YAML one
-    assert not {"early_stopping", "results_csv", "epoch_state"} & set(order)  # steps of the loop, no callbacks
+    assert not {"early_stopping", "stop_stage", "results_csv", "epoch_state"} & set(order)  # steps of the loop, no callbacks
     origins = {e.name: e.origin for e in cb.entries("on_fit_epoch_end")}
-    assert (origins["mine"], origins["yaml_log"], origins["tensorboard"], origins["stop_stage"]) == ("user", "yaml", "integration", "integration")
+    assert (origins["mine"], origins["yaml_log"], origins["tensorboard"], origins["visualize"]) == ("user", "yaml", "integration", "integration")
 
 
 def test_dispatch_follows_the_declared_order_and_ties_keep_registration_order():
@@ -93,8 +93,7 @@ def test_two_callbacks_of_one_name_are_told_apart():
 
 PINNED = """\
 event                        callback               origin       on_error  rank
-on_pretrain_routine_end      stop_stage             integration  raise     all ranks
-                             tensorboard            integration  disable   rank 0
+on_pretrain_routine_end      tensorboard            integration  disable   rank 0
                              visualize              integration  disable   all ranks
 on_train_epoch_start         progress               default      raise     rank 0
                              stage_switch           integration  raise     all ranks
@@ -102,8 +101,7 @@ on_train_epoch_start         progress               default      raise     rank 
 on_train_batch_end           progress               default      raise     rank 0
                              visualize              integration  disable   all ranks
 on_train_epoch_end           progress               default      raise     rank 0
-on_fit_epoch_end             stop_stage             integration  raise     all ranks
-                             tensorboard            integration  disable   rank 0
+on_fit_epoch_end             tensorboard            integration  disable   rank 0
                              visualize              integration  disable   all ranks
                              log_epoch              yaml         raise     all ranks
 on_train_end                 tensorboard            integration  disable   rank 0

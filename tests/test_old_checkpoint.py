@@ -1,4 +1,4 @@
-"""Checkpoints written by older yolo-cb (commits a1e3525, 4f22c48 and 7f3d9f3, tests/fixtures/README.md) still load and resume."""
+"""Checkpoints written by older yolo-cb (commits a1e3525, 4f22c48, 7f3d9f3 and 7d42114, tests/fixtures/README.md) still load and resume."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from yolo_cb.checkpoints.checkpoint import Checkpoint, load_checkpoint, model_fr
 from yolo_cb.data.resolve import check_data
 from yolo_cb.nn import YOLOCB
 from yolo_cb.recipe.ema import unwrap
+from yolo_cb.recipe.stop import StopCause
 from yolo_cb.training.resume import ResumeError, check_same_dataset, dataset_fingerprint
 from yolo_cb.utils.signal_stack import kept_signal_stack
 
@@ -237,3 +238,38 @@ def test_a_run_of_7f3d9f3_resumes_with_its_recipe_callbacks_states_in_todays_rec
     assert "callback 'results_csv'" not in caplog.text
     assert any(line.startswith("average_best:") for line in caplog.messages)
     assert len(last.recipe["saver"]["topk"]) == 2 and len(last.recipe["results"]["rows"]) == 4
+
+
+# --- a run of 7d42114, when stop_close_mosaic=finish was the stop_stage callback and declarations acted at run time -----
+STAGE_FIXTURE = FIXTURE.parent / "7d42114_stop_stage_last.pt"
+
+
+def test_a_run_of_7d42114_resumes_its_shortened_length_and_declared_recipe(tmp_path, shapes_dir, caplog):
+    """Early stopping fired after epoch 2 of 6 and stop_close_mosaic=finish moved the end to epoch 4, held as the
+    stop_stage callback's state; the resume (inside the stage) loads it into early stopping's state, trains epoch 4 only
+    and ends there as early stopping. Its declared patience (1, the setting says 100) and unfreeze stage (epoch 3: all)
+    are the recipe's, folded into the settings; no state is warned about as unknown."""
+    data = write_data(tmp_path / "data", shapes_dir)  # the same 8 / 4 shapes images it was trained on
+    ckpt = torch.load(STAGE_FIXTURE, weights_only=True)
+    assert ckpt["callbacks"]["stop_stage"] == {"end": 4} and "early_stop" not in ckpt["recipe"] and ckpt["epoch"] == 2
+    ckpt["train_args"]["data"] = str(data)
+    old = tmp_path / "old" / "last.pt"
+    old.parent.mkdir()
+    torch.save(ckpt, old)
+    caplog.set_level("INFO", logger="yolo_cb")
+    model = YOLO(str(old))
+    model.train(resume=True, callbacks=ckpt["train_args"]["callbacks"], project=str(tmp_path / "runs"), name="resumed")
+    trainer = model.trainer
+    assert trainer.recipe.early_stop.patience == 1 and trainer.args.patience == 1 and trainer.args.epochs == 6
+    assert trainer.recipe.unfreeze.stages == {3: "all"}
+    assert trainer.epochs == 4 and trainer.stop_cause == StopCause.EARLY_STOPPING
+    assert trainer.stop_reason == "early stopping, after the close_mosaic stage (epoch 4)"
+    run = tmp_path / "runs" / "resumed"
+    last = load_checkpoint(run / "weights" / "last.pt")
+    assert last.epoch == 3 and last.finished is True and last.recipe["early_stop"] == {"end": 4}
+    with open(run / "results.csv", newline="") as file:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(file)]
+    assert [int(float(r["epoch"])) for r in rows] == [1, 2, 3, 4]
+    frozen = [k for k in ckpt["model"] if k.startswith(("model.0.", "model.1.")) and k.endswith(".weight")]
+    assert frozen and all(not torch.equal(ckpt["model"][k], last.model[k]) for k in frozen)  # unfrozen at epoch 3: trained
+    assert "callback 'stop_stage'" not in caplog.text

@@ -33,8 +33,7 @@ CALLBACK_NAMES = (
     "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
     "data_fingerprint", "lr_schedule", "epoch_record", "new_images", "setup_done",
     # the controls (docs/callbacks.md): beside request_stop and stop
-    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best", "patience", "set_lr", "use_schedule",
-    "use_unfreeze_stages",
+    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best", "patience", "set_lr",
 )
 
 

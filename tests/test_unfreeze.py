@@ -155,12 +155,11 @@ def test_unfreeze_stages_are_checked():
 
 def test_declared_stages_replace_unfreeze_epoch_through_the_control(tmp_path, shapes_small_yaml):
     """`- unfreeze: {stages: {1: [stem]}}` (no unfreeze_epoch): the stem is fixed in epoch 0 and trains in epoch 1, dark2
-    stays frozen; the control refuses stages once training has started."""
+    stays frozen; the settings keep the stages (no control changes them at run time: use_unfreeze_stages is gone)."""
     late: list[str] = []
 
     def too_late(trainer):
-        with pytest.raises(RuntimeError, match="use_unfreeze_stages.*on_pretrain_routine_start"):
-            trainer.use_unfreeze_stages({1: "all"})
+        assert not hasattr(trainer, "use_unfreeze_stages") and trainer.recipe.unfreeze.stages == {1: [stem]}
         late.append("refused")
 
     model = YOLO("yolox-nano.yaml")

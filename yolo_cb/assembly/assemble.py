@@ -25,6 +25,7 @@ from yolo_cb.callbacks.registry import INTEGRATIONS, REGISTRY, import_object, pa
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings.config import callback_declarations, get_config
+from yolo_cb.settings.declared import is_recipe_declaration
 from yolo_cb.settings.lr_settings import parsed
 from yolo_cb.settings.schema import load_defaults
 from yolo_cb.settings.user import load_user_settings
@@ -54,9 +55,11 @@ def apply_specs(callbacks: Callbacks, value: Any) -> None:
 
 
 def apply_declarations(callbacks: Callbacks, declared_items: list[Declaration]) -> None:
-    """Register declarations already read and checked (the settings keep them: callback_declarations) on `callbacks`."""
+    """Register declarations already read and checked (the settings keep them: callback_declarations) on `callbacks`; the
+    recipe's declarations are no callbacks: the settings folded them in (yolo_cb/settings/declared.py)."""
     for declared in registered(declared_items):
-        (_add_function if declared.is_event else _add_object)(callbacks, declared)
+        if not is_recipe_declaration(declared):
+            (_add_function if declared.is_event else _add_object)(callbacks, declared)
 
 
 def _add_function(callbacks: Callbacks, declared: Declaration) -> None:

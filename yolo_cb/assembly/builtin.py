@@ -1,5 +1,6 @@
-"""The default callbacks every trainer has: the progress bar; the recipe's declarations (early stopping's parameters,
-the LR schedule's choice, unfreeze stages), which hand their values to the loop through the trainer's controls.
+"""The default callbacks every trainer has: the progress bar; the names of the recipe's declarations (early stopping's
+parameters, the LR schedule's choice, unfreeze stages), which the settings fold in when they read callbacks=
+(yolo_cb/settings/declared.py): registered here so that callbacks= knows them, they act at no event.
 
 results.csv, the checkpoint files, the LR schedule, unfreezing and checkpoint averaging are steps the loop calls by name
 (yolo_cb/recipe/saver.py, yolo_cb/recipe/schedule.py, recipe/unfreeze.py, recipe/average.py), not callbacks.
@@ -13,8 +14,7 @@ from typing import Any
 
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.data.batch import batch_shape
-from yolo_cb.recipe.unfreeze import parse_stages
-from yolo_cb.settings.lr_settings import resolve
+from yolo_cb.settings import declared
 from yolo_cb.utils.log import LOGGER
 
 
@@ -78,57 +78,38 @@ def line(epoch: int, epochs: int, tloss, batch: dict, imgsz: int) -> str:
 @register_callback("early_stopping")
 class EarlyStopping:
     """Early stopping's parameters, declared as a callback (`- early_stopping: {patience: 5}`, SuperGradients' and Keras'
-    habit): `patience` replaces the setting, `restore_best_weights` (Keras' name) the restore_best setting, through the
-    trainer's controls. Early stopping itself is a step of the loop (yolo_cb/recipe/early_stop.py): it needs no callback."""
+    habit): `patience` replaces the setting, `restore_best_weights` (Keras' name) the restore_best setting. The settings
+    fold the declaration in when they are read (yolo_cb/settings/declared.py); it acts at no event. Early stopping itself
+    is a step of the loop (yolo_cb/recipe/early_stop.py)."""
 
     def __init__(self, patience: int | None = None, restore_best_weights: bool | None = None):
-        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
-            raise ValueError(f"early_stopping: patience={patience!r}, expected an integer >= 0")
-        if restore_best_weights is not None and not isinstance(restore_best_weights, bool):
-            raise ValueError(f"early_stopping: restore_best_weights={restore_best_weights!r}, expected true or false")
-        self.patience = patience
-        self.restore = restore_best_weights
-
-    def on_pretrain_routine_start(self, trainer):
-        if self.patience is not None:
-            trainer.patience = self.patience
-        if self.restore is not None:
-            trainer.restore_best = self.restore  # YOLO.train() keeps the weights it says
+        self.settings = declared.early_stopping(patience, restore_best_weights)  # checked as the settings check it
 
 
 @register_callback("lr_schedule")
 class ScheduleChoice:
-    """The LR schedule declared as a callback (`- lr_schedule: {lr_scheduler: cosine}`): the loop's schedule
-    (yolo_cb/recipe/schedule.py) follows it instead of the lr_scheduler setting, through the trainer's use_schedule
-    control. A schedule of your own class is the setting's job: lr_scheduler=module:Class."""
+    """The LR schedule declared as a callback (`- lr_schedule: {lr_scheduler: cosine}`): it replaces the lr_scheduler
+    setting, folded in when the settings are read (yolo_cb/settings/declared.py); it acts at no event. A schedule of
+    your own class is the setting's job: lr_scheduler=module:Class."""
 
     def __init__(self, lr_scheduler: Any = "linear"):
-        kind = resolve(lr_scheduler).kind
-        if kind in ("class", "none"):
-            raise ValueError(f"lr_schedule: lr_scheduler={lr_scheduler!r} is no schedule the loop runs; give it as the setting "
-                             f"lr_scheduler= instead")
-        self.lr_scheduler = lr_scheduler
-
-    def on_pretrain_routine_start(self, trainer):
-        trainer.use_schedule(self.lr_scheduler)
+        self.settings = declared.lr_schedule(lr_scheduler)
 
 
 @register_callback("unfreeze")
 class UnfreezeChoice:
     """Unfreeze stages declared as a callback (`- unfreeze: {stages: {5: [backbone.backbone.dark5], 10: all}}`): the
-    loop's unfreeze schedule (yolo_cb/recipe/unfreeze.py) follows them instead of unfreeze_epoch, through the trainer's
-    use_unfreeze_stages control."""
+    loop's unfreeze schedule (yolo_cb/recipe/unfreeze.py) follows them instead of unfreeze_epoch; the settings keep them
+    when read (yolo_cb/settings/declared.py, `args.unfreeze_stages`). It acts at no event."""
 
     def __init__(self, stages: dict):
-        self.stages = parse_stages(stages)  # {0-based epoch: "all" | [module names]}, checked when declared
-
-    def on_pretrain_routine_start(self, trainer):
-        trainer.use_unfreeze_stages(self.stages)
+        self.stages = declared.parse_stages(stages)  # {0-based epoch: "all" | [module names]}
 
 
 # the default callbacks, registered in this order; their own `after` / `before` say what else must hold
 DEFAULTS = ("lr_schedule", "progress", "callback_record")  # lr_schedule: only for lr_scheduler=module:Class (your class)
 
-# the loop's own steps (the LR schedule, results.csv, the checkpoint files, checkpoint averaging), named as the callbacks
+# the loop's own steps (the LR schedule, results.csv, the checkpoint files, checkpoint averaging, early stopping's
+# close_mosaic stage policy), named as the callbacks
 # that did them once were: after= / before= may name them (the files are written before on_model_save), they place nothing
-LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state", "average_best")
+LOOP_STEPS = ("lr_schedule", "results_csv", "checkpoint", "epoch_state", "average_best", "stop_stage")

@@ -20,13 +20,14 @@ from yolo_cb.recipe.schedule import LRSchedule
 from yolo_cb.recipe.unfreeze import UnfreezeStages
 
 # each stateful part -> the name of the callback that held its state in checkpoints written before it was a part
-LEGACY_NAMES = {"lr_schedule": "lr_schedule", "saver": "checkpoint", "results": "results_csv"}
+LEGACY_NAMES = {"lr_schedule": "lr_schedule", "saver": "checkpoint", "results": "results_csv", "early_stop": "stop_stage"}
+LATER = ("early_stop",)  # parts whose state was still a callback's once `recipe` existed (files up to 6a64969 hold both)
 
 
 @dataclass
 class RecipeParts:
     monitor: Monitor  # monitor / monitor_mode / min_delta: what best.pt, top-k and early stopping follow
-    early_stop: EarlyStop  # patience: asked after every epoch, before the checkpoint
+    early_stop: EarlyStop  # patience and the close_mosaic stage's policy: asked after every epoch, before the checkpoint
     schedule: LRSchedule | None  # the LR of every group (None: lr_scheduler=none or module:Class, a callback's job)
     saver: Saver  # which checkpoint files, and when
     results: ResultsLog  # results.csv's rows
@@ -35,12 +36,12 @@ class RecipeParts:
 
     @classmethod
     def from_args(cls, args: Any) -> RecipeParts:
-        return cls(Monitor.from_args(args), EarlyStop(args.patience), LRSchedule() if LRSchedule.wanted(args) else None,
+        return cls(Monitor.from_args(args), EarlyStop.from_args(args), LRSchedule() if LRSchedule.wanted(args) else None,
                    Saver(args), ResultsLog(), UnfreezeStages.from_args(args), BestAverager.from_args(args))
 
     def stateful(self) -> dict[str, Any]:
-        return {name: part for name, part in (("lr_schedule", self.schedule), ("saver", self.saver), ("results", self.results))
-                if part is not None}
+        parts = (("lr_schedule", self.schedule), ("saver", self.saver), ("results", self.results), ("early_stop", self.early_stop))
+        return {name: part for name, part in parts if part is not None}
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.stateful().items()}
@@ -49,6 +50,9 @@ class RecipeParts:
         """The checkpoint's `recipe` states; for an older file, its callbacks' (taken out of `callback_states`, so that
         no callback is warned of them). A module:Class lr_scheduler= keeps its callback's state."""
         for name, part in self.stateful().items():
-            state = recipe.get(name) if recipe else callback_states.pop(LEGACY_NAMES[name], None)
+            state = recipe.get(name) if recipe else None
+            if not recipe or name in LATER:
+                older = callback_states.pop(LEGACY_NAMES[name], None)
+                state = older if state is None else state
             if state is not None:
                 part.load_state_dict(state)

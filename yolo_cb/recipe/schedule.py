@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from yolo_cb.recipe.optim import FOLLOWS
-from yolo_cb.settings.lr_settings import parsed, resolve
+from yolo_cb.settings.lr_settings import parsed
 from yolo_cb.utils.log import LOGGER
 
 
@@ -95,8 +95,7 @@ class LRSchedule:
         """Whether `args.lr_scheduler` is a schedule this class runs (none and module:Class are not)."""
         return parsed(args).kind not in ("none", "class")
 
-    def __init__(self, lr_scheduler: Any = None):
-        self.setting = lr_scheduler  # None: args.lr_scheduler as the settings parsed it
+    def __init__(self):
         self.base: list[float] | None = None  # per group: lr0, rescaled by callbacks' changes
         self.target: list[float] | None = None  # per group: the scheduled LR of the current epoch (warmup ramps towards it)
         self.written: list[float] | None = None  # per group: the LR the group has (set by the schedule or adopted)
@@ -111,7 +110,7 @@ class LRSchedule:
     # --- setup ----------------------------------------------------------------------------
     def start(self, optimizer: torch.optim.Optimizer, args: Any, epochs: int, start_epoch: int, warmup: Warmup) -> None:
         """Own `optimizer`'s scheduled groups (after a resume restored it) and set `start_epoch`'s LR."""
-        kind, self.name, params, target = parsed(args) if self.setting is None else resolve(self.setting, args)
+        kind, self.name, params, target = parsed(args)  # args.lr_scheduler as the settings parsed it (declarations folded in)
         self.kind, self.args, self.warmup = kind, args, warmup
         self.warmup_by = params.pop("warmup_by", "batch")
         self.cooldown = int(params.pop("cooldown_epochs", 0))

@@ -3,7 +3,7 @@
     yolo-cb train model=yolox-s.pt freeze=5 unfreeze_epoch=10     # backbone fixed for epochs 0-9, trained from epoch 10 on
 
 `unfreeze_epoch` is 0-based, like `trainer.epoch` and next_stage_start_epoch. Several stages, declared in callbacks:
-(the declaration hands them to the loop through the trainer's `use_unfreeze_stages` control):
+(read with the settings, which keep them: yolo_cb/settings/declared.py; they replace unfreeze_epoch):
 
     callbacks:
       - unfreeze: {stages: {5: [backbone.backbone.dark5], 10: all}}     # "all": every module freeze= froze
@@ -27,31 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from yolo_cb.errors import ConfigError
 from yolo_cb.recipe.freeze import unfreeze_modules
+from yolo_cb.settings.declared import ALL, parse_stages
 from yolo_cb.utils.log import LOGGER
 
 if TYPE_CHECKING:  # torch loads when a model is trained, not when the declared stages are checked
     from torch import nn
-
-ALL = "all"  # a stage that unfreezes every module freeze= froze
-
-
-def parse_stages(stages: Any) -> dict[int, Any]:
-    """{epoch: "all" | [module names]} checked: epochs are integers >= 0."""
-    if not isinstance(stages, dict) or not stages:
-        raise ConfigError(f"unfreeze: stages={stages!r}; expected a mapping {{epoch: all | [module names]}}, e.g. {{5: all}}")
-    parsed: dict[int, Any] = {}
-    for epoch, names in stages.items():
-        try:
-            key = int(epoch)
-        except (TypeError, ValueError):
-            key = -1
-        if key < 0 or isinstance(epoch, bool):
-            raise ConfigError(f"unfreeze: stage epoch {epoch!r} is not an integer >= 0 (0-based, like trainer.epoch)")
-        if names != ALL and not (isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names)):
-            raise ConfigError(f"unfreeze: stage {key} unfreezes {names!r}; expected 'all' or a list of module names")
-        parsed[key] = names if names == ALL else [str(n) for n in names]
-    return dict(sorted(parsed.items()))
-
 
 class UnfreezeStages:
     """The epochs at which frozen modules join training; the loop checks them once and applies them each epoch."""
@@ -63,7 +43,11 @@ class UnfreezeStages:
 
     @classmethod
     def from_args(cls, args: Any) -> UnfreezeStages | None:
-        """unfreeze_epoch=N is one stage, {N: all}; None when it is not set."""
+        """The declared stages (`- unfreeze: {stages: ...}`, kept by the settings), else unfreeze_epoch=N as one stage,
+        {N: all}; None when neither is given."""
+        declared = getattr(args, "unfreeze_stages", None)
+        if declared is not None:
+            return cls(declared, args.unfreeze_warmup)
         return cls({args.unfreeze_epoch: ALL}, args.unfreeze_warmup) if args.unfreeze_epoch is not None else None
 
     def check(self, frozen: list[str], epochs: int, is_main: bool) -> None:

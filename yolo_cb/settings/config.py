@@ -17,6 +17,7 @@ import yaml
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
+from yolo_cb.settings.declared import fold
 from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
 from yolo_cb.settings.ultralytics_keys import refused_keys_message, split_cfg_keys, unknown_key_message
 from yolo_cb.settings.user import load_user_settings
@@ -44,9 +45,15 @@ class Config(Settings, SimpleNamespace):
     """The resolved settings; attribute access (args.epochs, typed by `Settings`' annotations) and dict conversion.
     Structured settings are typed values (freeze, save_epochs, classes); lr_scheduler= keeps the value given (plain data, as checkpoints and args.yaml record
     it) and its parsed form (yolo_cb.settings.lr_settings.parsed) in a slot, outside the settings; so does callbacks=
-    (its checked declarations: `callback_declarations`)."""
+    (its checked declarations: `callback_declarations`), whose recipe declarations are folded into the settings when
+    read (settings/declared.py): declared unfreeze stages, which no setting holds, in the slot `unfreeze_stages`."""
 
-    __slots__ = ("_declared", "_lr_scheduler", "_sealed")
+    __slots__ = ("_declared", "_lr_scheduler", "_sealed", "_unfreeze_stages")
+
+    @property
+    def unfreeze_stages(self) -> dict[int, Any] | None:
+        """The unfreeze stages `- unfreeze: {stages: ...}` declared ({0-based epoch: "all" | [module names]}); None: none."""
+        return getattr(self, "_unfreeze_stages", None)
 
     def seal(self) -> Config:
         """Fix the settings: a run is planned once (the trainer freezes its settings when it is made); a later write of a
@@ -203,22 +210,27 @@ EMPTY_CALLBACKS = (None, "", [], {}, False)  # callbacks= values that declare no
 
 
 def _typed(merged: dict[str, Any], defaults: dict[str, Any]) -> Config:
-    """Every setting typed and checked in file order; lr_scheduler= parsed once, checked against the settings before it
-    (cos_lr, warmup_epochs), and its parsed form kept on the Config."""
+    """Every setting typed and checked in file order; callbacks= read into declarations and checked once first (the
+    run's callbacks are built from these), the recipe's declarations replacing the settings they declare
+    (settings/declared.py); lr_scheduler= parsed once, checked against the settings before it (cos_lr, warmup_epochs),
+    and its parsed form kept on the Config."""
+    value = merged.get("callbacks")
+    declared = check_callbacks(value) if value not in EMPTY_CALLBACKS else []
+    folded = fold(declared)
     values: dict[str, Any] = {}
-    schedule, declared = None, []
-    for key, value in merged.items():
+    schedule = None
+    for key, value in {**merged, **folded.settings}.items():
         if key == "lr_scheduler":
             values[key] = _yaml_text(key, value)
             schedule = lr_settings.resolve(values[key], SimpleNamespace(**values))
-        elif key == "callbacks":  # read into declarations and checked once: the run's callbacks are built from these
+        elif key == "callbacks":
             values[key] = value
-            declared = check_callbacks(value) if value not in EMPTY_CALLBACKS else []
         else:
             values[key] = coerce(key, value, defaults.get(key))
     config = Config(**values)
     lr_settings.parsed(config, schedule)
     object.__setattr__(config, "_declared", (config.callbacks, tuple(declared)))
+    object.__setattr__(config, "_unfreeze_stages", folded.unfreeze_stages)
     return config
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any
 
-from yolo_cb.recipe.schedule import LRSchedule
 from yolo_cb.recipe.stop import StopCause, refuse_foreign_stop_flag
-from yolo_cb.recipe.unfreeze import UnfreezeStages
 from yolo_cb.training.run_state import delegate, state_field
 from yolo_cb.utils.plotting import images_in
 
@@ -112,20 +110,6 @@ class TrainerSurface:
         else:
             for i, g in enumerate(self.optimizer.param_groups):
                 g["lr"] = lr if group in (None, i) else g["lr"]
-
-    def use_schedule(self, lr_scheduler) -> None:
-        """Before training starts (on_pretrain_routine_start): the loop's LR schedule follows `lr_scheduler` (any value of
-        the setting but none and module:Class) instead of the setting."""
-        if self.setup_done or (self.recipe.schedule is not None and self.recipe.schedule.started):
-            raise RuntimeError("trainer.use_schedule(): the LR schedule has started; choose it in on_pretrain_routine_start")
-        self.recipe.schedule = LRSchedule(lr_scheduler)
-
-    def use_unfreeze_stages(self, stages: dict) -> None:
-        """Before training starts (on_pretrain_routine_start): freeze='s modules join training at these stages
-        ({0-based epoch: "all" | [module names]}) instead of at unfreeze_epoch."""
-        if self.setup_done:
-            raise RuntimeError("trainer.use_unfreeze_stages(): training has started; declare the stages in on_pretrain_routine_start")
-        self.recipe.unfreeze = UnfreezeStages(stages, self.args.unfreeze_warmup)
 
     def validate_each_epoch(self) -> None:
         """Validate after every epoch from now on, whatever val_period says (the YOLOX no-augmentation stage does)."""

@@ -217,7 +217,9 @@ class Trainer(TrainerSurface):
 
     def _start_recipe(self) -> None:
         """The schedule sets the first epoch's LR (a resume restored its state); the unfreeze stages are checked against
-        what freeze= froze; a resume rewrites results.csv."""
+        what freeze= froze; a resume rewrites results.csv and keeps a length early stopping shortened (the stage finished)."""
+        if self.recipe.early_stop.end is not None:
+            self.end_after(self.recipe.early_stop.end)
         if self.recipe.schedule is not None:
             self.recipe.schedule.start(self.optimizer, self.args, self.epochs, self.start_epoch, self.step.warmup)
         if self.recipe.unfreeze is not None:
@@ -352,12 +354,17 @@ class Trainer(TrainerSurface):
         self.run_callbacks("on_model_save")  # after the files are written
 
     def _stop_early(self) -> None:
-        """Early stopping (recipe/early_stop.py), once something was validated: the stop is decided before the checkpoint."""
-        if self.monitor_value is None or self.stop:
+        """Early stopping (recipe/early_stop.py), asked once per epoch before the checkpoint: stop now, or end after epoch
+        N (stop_close_mosaic=finish: the close_mosaic stage first); the patience rule once something was validated."""
+        if self.stop:
             return
-        reason = self.recipe.early_stop.reason(self.epoch, self.best_epoch, self.recipe.monitor.key, self.best_fitness)
-        if reason:
-            self.request_stop(StopCause.EARLY_STOPPING, reason)
+        early = self.recipe.early_stop
+        rule = None if self.monitor_value is None else early.reason(self.epoch, self.best_epoch, self.recipe.monitor.key, self.best_fitness)
+        decision = early.decide(self.epoch, self.epochs, rule, self.is_main)
+        if decision.end_after is not None:
+            self.end_after(decision.end_after)
+        if decision.stop:
+            self.request_stop(StopCause.EARLY_STOPPING, decision.stop)
 
     def _agree_to_stop(self) -> bool:
         return self.signals.agree_to_stop(self.state.stop, self.flag_device)
