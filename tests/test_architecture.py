@@ -41,7 +41,7 @@ ROOT = "yolo_cb"
 INSIDE: dict[str, tuple[str, ...]] = {
     "yolo_cb.utils": ("paths", "device", "dist", "log", "files", "memory", "process_state", "signal_stack", "suggest", "yaml_safe", "draw",
                       "plotting", "run_lock", "download"),
-    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "declared", "config", "resume"),
+    "yolo_cb.settings": ("schema", "lr_settings", "values", "user", "ultralytics_keys", "declared", "controls", "config", "resume"),
     "yolo_cb.callbacks": ("events", "event_list", "order", "signature", "callback_error", "dispatch", "engine", "registry", "record",
                           "spec_check"),
     "yolo_cb.nn": ("blocks", "boxes", "summary", "grid", "postprocess", "detector", "yolocb", "yolox", "build"),

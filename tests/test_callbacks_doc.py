@@ -94,3 +94,12 @@ def test_strict_mode_example_registers_what_it_says():
     (code,) = section_examples("Strict mode")
     exec(compile(code, f"{DOC.name} Strict example", "exec"), {"model": model})  # noqa: S102 - the documented code
     assert [e.name for e in model.callbacks.entries("on_params_update")] == ["never_fires"]
+
+
+def test_the_controls_section_is_the_one_list_of_controls():
+    """docs/callbacks.md's "Controls" table is yolo_cb/settings/controls.py CONTROLS, row for row."""
+    from yolo_cb.settings.controls import CONTROLS, controls_table
+
+    controls = section("Controls")
+    table = controls[controls.index("| control |"):].split("\n\n")[0] + "\n"
+    assert table == controls_table() and len(table.splitlines()) == len(CONTROLS) + 2

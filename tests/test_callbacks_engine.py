@@ -200,6 +200,77 @@ def test_rank_zero_only(monkeypatch):
     assert calls == [1]
 
 
+class RankZeroLogger:
+    """A callback class that is rank-0-only by nature: it says so once, and has no `is_main` check of its own."""
+
+    rank_zero_only = True
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def on_fit_epoch_end(self, trainer):
+        self.seen.append(trainer.rank)
+
+
+def test_the_dispatcher_does_not_call_rank_zero_only_callbacks_on_other_ranks(monkeypatch):
+    """The rank_zero_only flag (a class's attribute, or the decorator on a function or one method) is honoured by the
+    dispatcher: on a rank > 0 such a callback is not called (its calls stay 0 in the record); on rank 0 and without DDP
+    (rank -1) it is; a callback without the flag runs on every rank."""
+    from types import SimpleNamespace
+
+    class Mixed:
+        def __init__(self):
+            self.calls: list[str] = []
+
+        def on_fit_epoch_end(self, trainer):
+            self.calls.append("every rank")
+
+        @rank_zero_only
+        def on_train_end(self, trainer):
+            self.calls.append("rank 0")
+
+    monkeypatch.delenv("RANK", raising=False)
+    cb, logger, mixed, plain = Callbacks(), RankZeroLogger(), Mixed(), []
+    cb.add_callbacks(logger)
+    cb.add_callbacks(mixed)
+    cb.add_callback("on_fit_epoch_end", rank_zero_only(lambda t: plain.append(("decorated", t.rank))))
+    cb.add_callback("on_fit_epoch_end", lambda t: plain.append(("plain", t.rank)))
+    for rank in (1, 0, -1):
+        cb.run("on_fit_epoch_end", SimpleNamespace(rank=rank))
+        cb.run("on_train_end", SimpleNamespace(rank=rank))
+    assert logger.seen == [0, -1]
+    assert plain == [("plain", 1), ("decorated", 0), ("plain", 0), ("decorated", -1), ("plain", -1)]
+    assert mixed.calls == ["every rank", "every rank", "rank 0", "every rank", "rank 0"]
+    rows = {(r["event"], r["name"]): r for r in cb.record()}
+    assert rows[("on_fit_epoch_end", "RankZeroLogger")]["calls"] == 2 and rows[("on_fit_epoch_end", "RankZeroLogger")]["rank"] == "rank 0"
+    seen, other = [], Callbacks()  # an object with no rank of its own (a validator): this process's RANK decides
+    other.add_callback("on_val_end", rank_zero_only(lambda v: seen.append("rank 0")))
+    other.add_callback("on_val_end", lambda v: seen.append("every rank"))
+    monkeypatch.setenv("RANK", "1")
+    other.run("on_val_end", SimpleNamespace())
+    monkeypatch.setenv("RANK", "0")
+    other.run("on_val_end", SimpleNamespace())
+    assert seen == ["every rank", "rank 0", "every rank"]
+
+
+def test_callbacks_that_declare_rank_zero_only_keep_no_is_main_check_of_their_own():
+    """Issue 60: the flag was described on 8 callbacks while ~20 hand-written `is_main` checks remained. A callback class
+    that declares `rank_zero_only = True` checks no rank itself (the dispatcher does)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "yolo_cb"
+    declaring = []
+    for path in sorted([*root.glob("integrations/*.py"), *root.glob("callbacks/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["rank_zero_only"]
+                                                        for n in node.body):
+                declaring.append(node.name)
+                checks = [n.lineno for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr == "is_main"]
+                assert not checks, f"{path.name}:{node.name} declares rank_zero_only and checks is_main at {checks}"
+    assert {"MLflow", "WandB", "TensorBoard", "Tracker", "RayTuneReport", "WorstImages", "Visualize", "OnnxCheck"} <= set(declaring), declaring
+
+
 def test_the_recipe_is_no_callback_and_its_old_names_place_nothing():
     """The LR schedule, results.csv and the checkpoint files are the loop's steps (called before on_model_save fires),
     not callbacks; after= / before= naming the callbacks they once were is accepted and places nothing."""

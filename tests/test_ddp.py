@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from yolo_cb import YOLO
+from yolo_cb.callbacks import rank_zero_only
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -64,6 +65,8 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     model = YOLO("yolox-nano.yaml")
     model.add_callback("on_pretrain_routine_start", record_writes)
     model.add_callback("on_train_batch_end", stop_on_rank1)
+    model.add_callback("on_train_batch_end", rank_zero_only(lambda t: open(markers / f"rank_zero_only{t.rank}.txt", "a").write("x")),
+                       name="rank_zero_closure")
     model.add_callback("on_train_batch_end", lambda t: open(markers / f"batches_rank{t.rank}.txt", "a").write(f"{t.epoch},{t.batch_i}\n"))
     model.add_callback("teardown", lambda t: (markers / f"metrics_rank{t.rank}.json").write_text(json.dumps(t.metrics, sort_keys=True)))
     metrics = model.train(**{**tiny, "epochs": 3, "nproc": 2, "device": "cpu"})
@@ -86,6 +89,11 @@ def test_self_launched_ddp_closures_stop_metrics_and_rank0_writes(tiny, tmp_path
     assert record["world_size"] == 2 and record["ranks_missing"] == []
     assert rows[("on_train_batch_end", "stop_on_rank1")]["calls_by_rank"] == {"0": 2, "1": 2}  # the user's closure, on both ranks
     assert rows[("on_pretrain_routine_start", "record_writes")]["calls_by_rank"] == {"0": 1, "1": 1}
+    # rank_zero_only: the dispatcher does not call it on rank 1 (its calls there are 0), and a rank-0-only integration likewise
+    assert rows[("on_train_batch_end", "rank_zero_closure")]["calls_by_rank"] == {"0": 2, "1": 0}
+    assert (markers / "rank_zero_only0.txt").read_text() == "xx" and not (markers / "rank_zero_only1.txt").exists()
+    rank_zero = [r for r in record["callbacks"] if r["rank"] == "rank 0" and r["origin"] != "user" and r["calls"]]
+    assert rank_zero and all(r["calls_by_rank"].get("1", 0) == 0 for r in rank_zero), rank_zero
 
 
 def test_torchrun_module_entry(tiny, tmp_path):

@@ -53,7 +53,7 @@ def test_grad_scaler_updates_once_per_accumulated_optimizer_step(tiny):
     seen = {}
 
     def enable_scaler(trainer):
-        trainer.step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10_000, enabled=True)
+        trainer._step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10_000, enabled=True)
 
     def record(trainer):
         seen.update(steps=trainer.optimizer_steps, batches=trainer.batches_done, updates=int(trainer.scaler._growth_tracker.item()),

@@ -260,8 +260,8 @@ def test_a_run_of_7d42114_resumes_its_shortened_length_and_declared_recipe(tmp_p
     model = YOLO(str(old))
     model.train(resume=True, callbacks=ckpt["train_args"]["callbacks"], project=str(tmp_path / "runs"), name="resumed")
     trainer = model.trainer
-    assert trainer.recipe.early_stop.patience == 1 and trainer.args.patience == 1 and trainer.args.epochs == 6
-    assert trainer.recipe.unfreeze.stages == {3: "all"}
+    assert trainer._recipe.early_stop.patience == 1 and trainer.args.patience == 1 and trainer.args.epochs == 6
+    assert trainer._recipe.unfreeze.stages == {3: "all"}
     assert trainer.epochs == 4 and trainer.stop_cause == StopCause.EARLY_STOPPING
     assert trainer.stop_reason == "early stopping, after the close_mosaic stage (epoch 4)"
     run = tmp_path / "runs" / "resumed"

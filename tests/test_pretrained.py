@@ -332,7 +332,7 @@ def test_pretrained_megvii_file_initialises_a_yaml_model(files, tmp_path):
     from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"model": "yolox-nano.yaml", "pretrained": str(files["nano"]), "project": str(tmp_path)}))
-    trainer.parts.data = {"nc": 4, "names": {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}}
+    trainer._parts.data = {"nc": 4, "names": {0: "circle", 1: "rectangle", 2: "triangle", 3: "cross"}}
     trainer._build_model()
     folded = megvii.fold_input_convention(torch.load(files["nano"], weights_only=True)["model"])
     state = trainer.model.state_dict()

@@ -1,7 +1,8 @@
 """The trainer's public names: what callbacks, integrations, tune and the docs' examples read (and write) on `trainer`.
 
-The trainer keeps its state in `trainer.state` (yolo_cb/training/run_state.py) and its parts in collaborators; these names
-stay readable on the trainer itself, and the writes that have an effect today keep it."""
+The trainer keeps its state in a private typed RunState (`_state`, yolo_cb/training/run_state.py) and its parts in private
+collaborators (`_parts`, `_step`, `_place`, `_clock`, `_output`, `_recipe`); these names stay readable on the trainer
+itself, and only the controls (yolo_cb/settings/controls.py CONTROLS, the one list) steer the run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from yolo_cb import YOLO
 from yolo_cb.recipe.schedule import LRSchedule, Warmup
 from yolo_cb.recipe.stop import StopCause
+from yolo_cb.settings.controls import CONTROL_NAMES, CONTROLS_HINT
 from yolo_cb.training.run_state import RunState
 from yolo_cb.training.step import BatchStep, StepResult
 from yolo_cb.training.trainer import Trainer
@@ -27,14 +29,15 @@ CALLBACK_NAMES = (
     "last", "plots", "epoch_time", "epoch_time_start", "batch_size", "stop", "stop_reason", "add_callback",
     "label_loss_items", "callbacks", "criterion", "scaler", "accumulate", "last_opt_step", "world_size", "rank",
     # yolo-cb's own
-    "state", "batch", "batch_i", "batches_done", "num_batches", "optimizer_steps", "save_step_due", "completed_epoch",
+    "batch", "batch_i", "batches_done", "num_batches", "optimizer_steps", "save_step_due", "completed_epoch",
     "metrics_epoch", "validated_this_epoch", "monitor", "monitor_value", "improved", "best_epoch", "stop_cause",
     "request_stop", "exception", "is_main", "elapsed", "resume_ckpt", "loss_names", "frozen", "validate_every_epoch",
     "momentum", "warmup_iters", "warmup_bias_lr", "batch_instances", "batch_size_px", "checkpoint_dict",
     "data_fingerprint", "lr_schedule", "epoch_record", "new_images", "setup_done",
-    # the controls (docs/callbacks.md): beside request_stop and stop
-    "withdraw_stop", "end_after", "validate_each_epoch", "restore_best", "patience", "set_lr",
+    # the controls: the one list (yolo_cb/settings/controls.py; docs/callbacks.md, "Controls")
+    *CONTROL_NAMES,
 )
+PRIVATE_HOLDERS = ("_state", "_parts", "_step", "_place", "_clock", "_output", "_recipe", "_checkpointer", "_signals")
 
 
 @pytest.fixture
@@ -52,9 +55,9 @@ def test_every_name_callbacks_read_is_on_the_trainer(trained):
     missing_during = [n for n, ok in seen.items() if not ok]
     missing_after = [n for n in CALLBACK_NAMES if not hasattr(trainer, n)]
     assert not missing_during and not missing_after, (missing_during, missing_after)
-    assert isinstance(trainer.state, RunState)
-    assert trainer.epoch == trainer.state.progress.epoch == 0 and trainer.epochs == 1
-    assert trainer.metrics is trainer.state.metrics.values and "fitness" in trainer.metrics
+    assert isinstance(trainer._state, RunState)
+    assert trainer.epoch == trainer._state.progress.epoch == 0 and trainer.epochs == 1
+    assert trainer.metrics is trainer._state.metrics.values and "fitness" in trainer.metrics
     assert trainer.best.name == "best.pt" and trainer.last.name == "last.pt" and trainer.best.parent == trainer.wdir
     assert trainer.stop is False and trainer.stop_reason == ""
     assert set(trainer.lr) == {f"lr/pg{i}" for i in range(len(trainer.optimizer.param_groups))}
@@ -130,10 +133,10 @@ def test_stop_set_by_a_callback_stops_the_run(tiny):
     model.train(**{**tiny, "epochs": 3})
     trainer = model.trainer
     assert len(batches) == 2 and trainer.epoch == 0 and trainer.stop is True
-    assert trainer.state.stop.flag is True and trainer.stop_cause == StopCause.CALLBACK
+    assert trainer._state.stop.flag is True and trainer.stop_cause == StopCause.CALLBACK
 
 
-# the names a callback may write: the controls (docs/callbacks.md, "Controls"); every other name is read-only
+# the names a callback may write: the controls that are attributes (the others are methods); every other name is read-only
 WRITABLE = ("stop", "stop_reason", "restore_best", "patience", "loss", "validate_every_epoch")
 
 
@@ -144,15 +147,16 @@ def test_only_the_controls_are_writable_and_the_rest_read_the_run_state():
 
     names = {n: d for klass in reversed(Trainer.__mro__) for n, d in vars(klass).items() if isinstance(d, TrainerName)}
     assert sorted(n for n, d in names.items() if d.control) == sorted(WRITABLE)
+    assert set(WRITABLE) <= set(CONTROL_NAMES) and all(callable(getattr(Trainer, n)) for n in set(CONTROL_NAMES) - set(WRITABLE))
     trainer = Trainer(get_config({"epochs": 3}))
-    assert trainer.epochs == trainer.state.progress.epochs == 3 and trainer.completed_epoch == -1
+    assert trainer.epochs == trainer._state.progress.epochs == 3 and trainer.completed_epoch == -1
     for name in sorted(set(names) - set(WRITABLE)):
         with pytest.raises(AttributeError, match=rf"trainer\.{name} is read-only .*controls"):
             setattr(trainer, name, None)
     for name in ("lr_schedule", "monitor", "epoch_record", "best", "last", "is_main"):  # plain properties: no setter at all
         with pytest.raises(AttributeError):
             setattr(trainer, name, None)
-    state = trainer.state
+    state = trainer._state
     state.progress.epoch, state.best.fitness, state.metrics.values = 2, 0.5, {"fitness": 0.5}  # the trainer's own writes
     assert (trainer.epoch, trainer.best_fitness, trainer.metrics) == (2, 0.5, {"fitness": 0.5})
     trainer.stop, trainer.stop_reason = True, "enough"
@@ -205,6 +209,89 @@ def test_the_loop_computes_the_batch_index_once_and_the_step_returns_what_it_did
     assert "ni" in warm.parameters and "num_batches" not in warm.parameters
     assert StepResult._fields == ("losses", "finite", "stepped")
     loop = inspect.getsource(Trainer._train_epoch)
-    assert loop.count("self.num_batches * self.epoch") == 1
+    assert loop.count("parts.num_batches * state.progress.epoch") == 1 and "ni =" in loop and loop.count("ni =") == 1
     warmup = Warmup.of(SimpleNamespace(warmup_epochs=1.0, warmup_bias_lr=0.1, warmup_momentum=0.8), num_batches=50, momentum=0.937)
     assert warmup.iters == 100 and [warmup.accumulate(ni, 64, 16) for ni in (0, 50, 100, 101)] == [1, 2, 4, None]
+
+
+def test_the_holders_are_private_and_a_write_through_state_names_the_control():
+    """Issue 60, step 3: `trainer.state.progress.epochs = 3` in a callback skipped end_after's checks. The holders are
+    private; `trainer.state` is a read-only view whose writes raise, naming the control that steers that field."""
+    from yolo_cb.settings.config import get_config
+
+    trainer = Trainer(get_config({"epochs": 5}))
+    assert set(PRIVATE_HOLDERS) <= set(vars(trainer))
+    assert not [n for n in ("parts", "step", "place", "clock", "output", "recipe", "checkpointer", "signals") if hasattr(trainer, n)]
+    assert "state" not in CALLBACK_NAMES and trainer.state.progress.epochs == 5  # readable, for inspection
+    errors = []
+
+    def shorten_by_hand(t):
+        for write in (lambda: setattr(t.state.progress, "epochs", 3), lambda: setattr(t.state.stop, "flag", True),
+                      lambda: setattr(t.state, "best", None)):
+            with pytest.raises(AttributeError) as caught:
+                write()
+            errors.append(str(caught.value))
+
+    trainer.add_callback("on_fit_epoch_end", shorten_by_hand)
+    trainer.run_callbacks("on_fit_epoch_end")  # the real dispatcher calls the callback with this trainer
+    assert "trainer.state.progress.epochs is read-only" in errors[0] and "use trainer.end_after(epochs)" in errors[0]
+    assert "trainer.request_stop(cause, reason)" in errors[1] and CONTROLS_HINT in errors[2]
+    assert trainer.epochs == 5 and trainer.stop is False
+    trainer.end_after(3)  # the control, with its checks
+    assert trainer.epochs == 3
+    with pytest.raises(ValueError, match="end_after"):
+        trainer.end_after(9)
+
+
+def test_each_surface_name_is_declared_on_its_own_line_with_a_type_and_a_docstring():
+    """surface.py declared several names per line by tuple unpacking (untyped to a checker); each is its own annotated
+    line now, `name: TrainerName[T] = state_field(...)`, and keeps a docstring of its own."""
+    import typing
+
+    from yolo_cb.training import surface
+    from yolo_cb.training.run_state import TrainerName
+
+    body = next(n for n in ast.parse(inspect.getsource(surface)).body if isinstance(n, ast.ClassDef) and n.name == "TrainerSurface").body
+    assert not [n.lineno for n in body if isinstance(n, ast.Assign) and any(isinstance(t, ast.Tuple) for t in n.targets)]
+    declared = {n: d for n, d in vars(surface.TrainerSurface).items() if isinstance(d, TrainerName)}
+    hints = typing.get_type_hints(surface.TrainerSurface, vars(surface))
+    assert len(declared) > 50 and set(declared) <= set(hints)
+    assert all(typing.get_origin(hints[n]) is TrainerName and typing.get_args(hints[n]) for n in declared)
+    assert not [n for n, d in declared.items() if not d.__doc__ or d.__doc__.startswith("trainer._")]
+
+
+def test_inside_the_trainer_the_loop_reads_and_writes_one_path_per_fact():
+    """The loop read `self.best_fitness` and wrote `self.state.best.fitness`: inside training/trainer.py no surface name
+    (a TrainerName, kept for callbacks) is used on `self`; the loop uses the private holders."""
+    from yolo_cb.training import surface, trainer
+    from yolo_cb.training.run_state import TrainerName
+
+    names = {n for n, d in vars(surface.TrainerSurface).items() if isinstance(d, TrainerName)}
+    names |= {"monitor", "lr_schedule", "epoch_record", "new_images", "elapsed", "flag_device"}
+    used = {}
+    for module in (trainer, surface):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in names:
+                used.setdefault(node.attr, f"{module.__name__}:{node.lineno}")
+    assert not used, used
+
+
+def test_the_controls_are_listed_once_and_every_place_names_them_from_the_list():
+    """Five places listed the controls by hand; CONTROLS feeds the hint of every read-only name, the settings' error and
+    the Trainer's docstring (docs/callbacks.md's table is compared in tests/test_callbacks_doc.py)."""
+    from yolo_cb.settings.config import get_config
+    from yolo_cb.training.run_state import TrainerName
+
+    args = get_config({}).seal()
+    with pytest.raises(AttributeError) as settings_error:
+        args.epochs = 7
+    name_error = None
+    try:
+        Trainer(get_config({})).epoch = 1
+    except AttributeError as error:
+        name_error = str(error)
+    for name in CONTROL_NAMES:
+        assert f"trainer.{name}" in CONTROLS_HINT and f"- {name}: " in Trainer.__doc__
+        assert CONTROLS_HINT in str(settings_error.value) and CONTROLS_HINT in name_error
+    writable = [n for klass in Trainer.__mro__ for n, d in vars(klass).items() if isinstance(d, TrainerName) and d.control]
+    assert set(writable) <= set(CONTROL_NAMES) and all(hasattr(Trainer, n) for n in CONTROL_NAMES)

@@ -208,12 +208,12 @@ def test_the_trainer_builds_the_loss_from_the_loss_settings(tmp_path):
     from yolo_cb.training.trainer import Trainer
 
     trainer = Trainer(get_config({"model": "yolox-nano.yaml", "box": 2.5, "iou_type": "giou", "project": str(tmp_path)}))
-    trainer.parts.data = {"nc": 2, "names": {0: "a", 1: "b"}}
+    trainer._parts.data = {"nc": 2, "names": {0: "a", 1: "b"}}
     trainer._build_model()
     criterion = trainer.criterion
     assert criterion is trainer.model.criterion and (criterion.box_weight, criterion.loss_type, criterion.use_l1) == (2.5, "giou", False)
     trainer = Trainer(get_config({"model": "yolocb-n.yaml", "box": 2.5, "project": str(tmp_path)}))
-    trainer.parts.data = {"nc": 2, "names": {0: "a", 1: "b"}}
+    trainer._parts.data = {"nc": 2, "names": {0: "a", 1: "b"}}
     with pytest.raises(ConfigError, match="'box'.*YOLOCBLoss"):
         trainer._build_model()
 

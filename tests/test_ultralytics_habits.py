@@ -136,7 +136,7 @@ def test_trainer_attributes_integrations_read(trained):
     assert len(seen["epoch_times"]) == QUICK["epochs"] and all(isinstance(t, float) and t > 0 for t in seen["epoch_times"])
     assert seen["plots"] == {}  # plots=False: no image in the run folder
     trainer = Trainer(model.trainer.args)
-    trainer.place.save_dir = trained["work"] / "plots_probe"
+    trainer._place.save_dir = trained["work"] / "plots_probe"
     trainer.save_dir.mkdir()
     for name in ("results.png", "train_batch0.jpg", "results.csv"):
         (trainer.save_dir / name).write_bytes(b"x")

@@ -159,7 +159,7 @@ def test_declared_stages_replace_unfreeze_epoch_through_the_control(tmp_path, sh
     late: list[str] = []
 
     def too_late(trainer):
-        assert not hasattr(trainer, "use_unfreeze_stages") and trainer.recipe.unfreeze.stages == {1: [stem]}
+        assert not hasattr(trainer, "use_unfreeze_stages") and trainer._recipe.unfreeze.stages == {1: [stem]}
         late.append("refused")
 
     model = YOLO("yolox-nano.yaml")

@@ -22,7 +22,7 @@ from yolo_cb.utils.log import LOGGER
 class Progress:
     """A tqdm bar per epoch on a terminal; one plain line per epoch otherwise. Main process only."""
 
-    rank_zero_only = True  # acts on rank 0 only (describe() says so; each method checks trainer.is_main)
+    rank_zero_only = True  # called on rank 0 only (the dispatcher skips it elsewhere; describe() says so)
 
     def __init__(self, stream=None):
         self.stream = stream
@@ -30,8 +30,6 @@ class Progress:
         self.epoch_start = 0.0
 
     def on_train_epoch_start(self, trainer):
-        if not trainer.is_main:
-            return
         self.epoch_start = time.perf_counter()
         stream = self.stream or sys.stdout
         if stream.isatty():
@@ -47,8 +45,6 @@ class Progress:
             self.bar.update(1)
 
     def on_train_epoch_end(self, trainer):
-        if not trainer.is_main:
-            return
         if self.bar is not None:
             self.bar.close()
             self.bar = None

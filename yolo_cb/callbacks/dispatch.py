@@ -6,6 +6,7 @@ between free ones. Every call is counted and timed per callback and event: `reco
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -188,8 +189,12 @@ class Callbacks:
             if event not in EVENTS:
                 check_event(event)
             return
-        clock = time.perf_counter
+        clock, main = time.perf_counter, None
         for entry in entries:  # a snapshot of the enabled ones: changes made while this event runs apply from its next firing
+            if entry.rank_zero:  # rank_zero_only (the callback's or its method's): not called on a rank > 0
+                main = on_main_process(obj) if main is None else main
+                if not main:
+                    continue
             start = clock()
             try:
                 entry.fn(obj)
@@ -368,10 +373,19 @@ def event_methods(obj: Any) -> dict[str, Callable]:
     return found
 
 
+def on_main_process(obj: Any) -> bool:
+    """Whether `obj` (a trainer: its `rank`; else this process's RANK) is on the main process (rank -1 or 0)."""
+    rank = getattr(obj, "rank", None)
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        rank = int(os.environ.get("RANK", "-1") or -1)
+    return rank in (-1, 0)
+
+
 def rank_zero_only(fn: Callable) -> Callable:
-    """Mark a callback to run on the main process (rank 0) only under DDP."""
+    """Mark a callback (a function, or one method of a callback class) to run on the main process (rank 0) only under
+    DDP: the dispatcher does not call it on other ranks (a class says the same of all its methods with
+    `rank_zero_only = True`); called directly, it returns None on other ranks."""
     import functools
-    import os
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

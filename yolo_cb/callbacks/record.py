@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from yolo_cb.callbacks.dispatch import rank_zero_only
 from yolo_cb.callbacks.events import TRAINER_EVENTS, VALIDATOR_EVENTS
 from yolo_cb.callbacks.registry import register_callback
 from yolo_cb.errors import UserError
@@ -95,9 +96,8 @@ class CallbackRecord:
             raise StrictCallbacksError(f"strict_callbacks: {len(missing)} callback(s) never ran on any rank: {names}. "
                                        f"See {Path(trainer.save_dir) / RECORD_FILE}")
 
+    @rank_zero_only  # on_train_end gathers every rank's record: it runs on all ranks
     def teardown(self, trainer):
-        if not trainer.is_main:
-            return
         records = list(self.others) or [None] * distributed.world_size()
         records[0] = trainer.callbacks.record()
         self.write(trainer, records)

@@ -15,6 +15,7 @@ import csv
 import io
 from pathlib import Path
 
+from yolo_cb.callbacks.dispatch import rank_zero_only
 from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
@@ -40,9 +41,10 @@ class ExportCheck:
         for token in str(trainer.args.export_check).split(","):
             parse_spec(token)  # a bad variant name fails before the first epoch
 
+    @rank_zero_only  # the export and its validation: rank 0 only (every rank checks the variant names above)
     def on_train_end(self, trainer):
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
-        if not trainer.is_main or best is None or not best.is_file():
+        if best is None or not best.is_file():
             return
         from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
         from yolo_cb.export.exporter import Exporter

@@ -234,8 +234,6 @@ class MLflow:
 
     # --- start -------------------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
-        if not trainer.is_main:
-            return
         refuse_unread(UNREAD, "MLflow")
         try:
             where = self._where(trainer)

@@ -112,6 +112,8 @@ def _flatten(output) -> list:
 class OnnxCheck:
     """Checks ONNX conversion before training, and on best.pt with onnx_check_best (main process only); see the module docstring."""
 
+    rank_zero_only = True  # the dispatcher calls it on rank 0 only
+
     def __init__(self, strict: bool | None = None, tol: float | None = None, best: bool | None = None):
         self.strict, self.tol = strict, tol  # None: from the trainer's onnx_check / onnx_check_tol settings
         self.best = best  # check best.pt at the end too; None: from the onnx_check_best setting
@@ -119,9 +121,6 @@ class OnnxCheck:
         self.results: dict[str, dict] = {}  # stage -> {max_abs, max_rel, ok} or {error, ok}
 
     def on_pretrain_routine_end(self, trainer):
-        if not trainer.is_main:
-            return
-
         self.image = self._image(trainer)
         model = trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
         self.check(trainer, model, "pretrain", simplify=False)
@@ -129,7 +128,7 @@ class OnnxCheck:
     def on_train_end(self, trainer):
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
         wanted = self.best if self.best is not None else bool(getattr(trainer.args, "onnx_check_best", False))
-        if not (wanted and trainer.is_main) or best is None or not best.is_file():
+        if not wanted or best is None or not best.is_file():
             return
 
         from yolo_cb.checkpoints.checkpoint import model_from_checkpoint  # here: registering the check must not load torch

@@ -54,8 +54,6 @@ class RayTuneReport:
         self.pending: dict | None = None  # the last validated epoch's row, reported when the next epoch starts or training ends
 
     def on_pretrain_routine_end(self, trainer):
-        if not trainer.is_main:
-            return
         if trainer.args.raytune is True:
             import ray.tune  # noqa: F401  (raytune=true: Ray is wanted, so it is imported to look for the session)
         self.active = in_trial_session()

@@ -40,8 +40,6 @@ class TensorBoard:
         self.writer = None
 
     def on_pretrain_routine_end(self, trainer):
-        if not trainer.is_main:
-            return
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(trainer.save_dir), flush_secs=FLUSH_SECS)

@@ -167,7 +167,7 @@ class Tracker:
 
     # --- events -------------------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
-        if trainer.is_main and self.session is None:
+        if self.session is None:
             self.session = self.guarded(self.start, trainer)
 
     def on_train_batch_end(self, trainer):

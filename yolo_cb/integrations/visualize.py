@@ -34,6 +34,8 @@ PRED_CONF = 0.25  # predictions below this score are not drawn
 class Visualize:
     """Draws batches into the run dir (main process only); see the module docstring."""
 
+    rank_zero_only = True  # the dispatcher calls it on rank 0 only
+
     def __init__(self, train_batches: int = TRAIN_BATCHES, conf: float = PRED_CONF, period: int | None = None):
         self.train_batches, self.conf = int(train_batches), float(conf)
         self.epoch = 0
@@ -46,7 +48,7 @@ class Visualize:
     # --- trainer events ---------------------------------------------------------------------
     def on_pretrain_routine_end(self, trainer):
         path = Path(trainer.save_dir) / "labels.jpg"
-        if not trainer.is_main or path.exists() or getattr(trainer, "train_loader", None) is None:
+        if path.exists() or getattr(trainer, "train_loader", None) is None:
             return
         plot_labels(trainer.train_loader.dataset.labels, _names(trainer.data.get("names")), path)
         trainer.new_images.append(path)
@@ -54,10 +56,10 @@ class Visualize:
     def on_train_epoch_start(self, trainer):
         self.epoch, self.epochs, self.first_epoch = trainer.epoch, trainer.epochs, trainer.start_epoch
         self.period = max(int(self.given_period or getattr(trainer.args, "plot_period", 1) or 1), 1)
-        self.active = bool(trainer.is_main)
+        self.active = True
 
     def on_train_batch_end(self, trainer):
-        if not trainer.is_main or trainer.epoch != trainer.start_epoch or trainer.batch_i >= self.train_batches:
+        if trainer.epoch != trainer.start_epoch or trainer.batch_i >= self.train_batches:
             return
 
         batch = trainer.batch

@@ -44,8 +44,6 @@ class WandB:
         self.run_id = (state or {}).get("run_id")
 
     def on_pretrain_routine_end(self, trainer):
-        if not trainer.is_main:
-            return
         import wandb
 
         save_dir = Path(trainer.save_dir)

@@ -17,6 +17,7 @@ import yaml
 from yolo_cb.callbacks.spec_check import Declaration, check_callbacks
 from yolo_cb.errors import ConfigError
 from yolo_cb.settings import lr_settings
+from yolo_cb.settings.controls import CONTROLS_HINT
 from yolo_cb.settings.declared import fold
 from yolo_cb.settings.schema import Settings, describe_settings, load_defaults
 from yolo_cb.settings.ultralytics_keys import refused_keys_message, split_cfg_keys, unknown_key_message
@@ -76,9 +77,7 @@ class Config(Settings, SimpleNamespace):
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_sealed", False) and not name.startswith("_") and getattr(self, name, object()) != value:
             raise AttributeError(f"args.{name} cannot be changed: the settings are fixed once a run is planned (a write now would "
-                                 f"change nothing already built from it). Pass {name}= to train(), or steer the run through "
-                                 f"the trainer's controls: trainer.request_stop(...), trainer.end_after(epochs), the optimizer's "
-                                 f"param_groups LR (docs/callbacks.md, Controls)")
+                                 f"change nothing already built from it). Pass {name}= to train(), or: {CONTROLS_HINT}")
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """What a training is built from: the model (initial weights, freeze=, its loss), the loaders, the validator; seeding.
 
-`Parts` holds them; the Trainer exposes each under its usual name (`trainer.model`, `trainer.train_loader`, ...).
+`Parts` holds them (the trainer's private `_parts`); the Trainer exposes each to callbacks under its usual name (`trainer.model`, `trainer.train_loader`, ...).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The epoch record: one epoch's results, built once by the trainer, read by results.csv and every logger.
 
 `trainer.epoch_record` is made after validation, right before on_model_save, and stays until the next epoch's;
-`trainer.new_images` lists the image files written during the epoch. Both live in `trainer.output` (EpochOutput).
+`trainer.new_images` lists the image files written during the epoch. Both live in the trainer's private `_output` (EpochOutput).
 Keys are Ultralytics' (the ones results.csv writes): train/<loss>, metrics/mAP50-95(B) ..., val/<loss>, fitness, lr/pg<i>.
 """
 

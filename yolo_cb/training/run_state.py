@@ -1,18 +1,20 @@
 """The trainer's run state, typed: where the run is, its losses, its latest metrics, its best epoch, whether it stops.
 
-`trainer.state` holds one RunState. The names callbacks read (Ultralytics' `trainer.epoch`, `trainer.metrics`,
-`trainer.stop`, ...) are properties of the Trainer over these fields (`state_field`), so a callback's write lands here.
+The trainer holds one RunState, privately (`_state`): the loop reads and writes its fields. The names callbacks read
+(Ultralytics' `trainer.epoch`, `trainer.metrics`, `trainer.stop`, ...) are typed descriptors over these fields
+(`state_field`); only the controls (CONTROLS, the one list of them) may be written. `trainer.state` is a read-only view.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import torch
 
 from yolo_cb.recipe.stop import StopCause
+from yolo_cb.settings.controls import CONTROLS_HINT
 
 
 @dataclass
@@ -81,13 +83,18 @@ class RunState:
     stop: Stop = field(default_factory=Stop)
 
 
-CONTROLS_HINT = ("callbacks steer the run through the controls: stop / request_stop, withdraw_stop, end_after, "
-                 "validate_each_epoch, patience, restore_best, set_lr, loss (docs/callbacks.md, \"Controls\")")
+# the run state's fields a control steers: a write through trainer.state names it
+STEERED_BY = {"epochs": "trainer.end_after(epochs)", "flag": "trainer.stop = True or trainer.request_stop(cause, reason)",
+              "cause": "trainer.request_stop(cause, reason) or trainer.withdraw_stop(cause)", "reason": "trainer.stop_reason",
+              "validate_every_epoch": "trainer.validate_each_epoch()", "restore_best": "trainer.restore_best"}
+
+T = TypeVar("T")
 
 
-class TrainerName:
-    """A name callbacks read on the trainer, kept at `path` below it (state.progress.epoch, parts.model, ...). Only a
-    control (`control=True`) may be written through it; a write of any other is an AttributeError naming the controls."""
+class TrainerName(Generic[T]):
+    """A name callbacks read on the trainer, kept at `path` below it (_state.progress.epoch, _parts.model, ...). Only a
+    control (`control=True`) may be written through it; a write of any other is an AttributeError naming the controls.
+    Generic in the value's type: `epoch: TrainerName[int] = state_field(...)` reads as an int to a type checker."""
 
     def __init__(self, path: str, doc: str = "", control: bool = False):
         self.path, self.control, self.__doc__ = path.split("."), control, doc or f"trainer.{path}"
@@ -101,23 +108,50 @@ class TrainerName:
             obj = getattr(obj, step)
         return obj
 
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> TrainerName[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         return self if obj is None else getattr(self._holder(obj), self.path[-1])
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: Any, value: T) -> None:
         if not self.control:
-            raise AttributeError(f"trainer.{self.name} is read-only (the run's {'.'.join(self.path)}); {CONTROLS_HINT}")
+            raise AttributeError(f"trainer.{self.name} is read-only (the run's {'.'.join(self.path).lstrip('_')}); {CONTROLS_HINT}")
         setattr(self._holder(obj), self.path[-1], value)
 
 
-def state_field(group: str, name: str, doc: str = "", control: bool = False) -> TrainerName:
-    """`trainer.state.<group>.<name>` under a trainer name."""
-    return TrainerName(f"state.{group}.{name}", doc, control)
+def state_field(group: str, name: str, doc: str = "", control: bool = False) -> TrainerName[Any]:
+    """The run state's `<group>.<name>` (the trainer's private `_state`) under a trainer name."""
+    return TrainerName(f"_state.{group}.{name}", doc, control)
 
 
-def delegate(holder: str, name: str, doc: str = "", control: bool = False) -> TrainerName:
-    """A collaborator's attribute under its usual name: `trainer.<holder>.<name>` (a dotted holder: recipe.early_stop)."""
-    return TrainerName(f"{holder}.{name}", doc, control)
+def delegate(holder: str, name: str, doc: str = "", control: bool = False) -> TrainerName[Any]:
+    """A collaborator's attribute under its usual name: the trainer's private `_<holder>.<name>` (a dotted holder:
+    recipe.early_stop)."""
+    return TrainerName(f"_{holder}.{name}", doc, control)
+
+
+class ReadOnlyView:
+    """`trainer.state`: the run state, readable; a write raises an AttributeError naming the control that steers it."""
+
+    __slots__ = ("_of", "_path")
+
+    def __init__(self, of: Any, path: str):
+        object.__setattr__(self, "_of", of)
+        object.__setattr__(self, "_path", path)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._of, name)
+        return ReadOnlyView(value, f"{self._path}.{name}") if is_dataclass(value) else value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        steer = f"use {STEERED_BY[name]}" if name in STEERED_BY else CONTROLS_HINT
+        raise AttributeError(f"trainer.{self._path}.{name} is read-only (the loop owns the run state; a write would skip "
+                             f"the checks the controls make): {steer}")
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyView({self._of!r})"
 
 
 # Where an epoch's time goes, each a column of results.csv and a scalar of every logger (time/<phase>_ms). Host time:
