@@ -94,22 +94,22 @@ def test_two_callbacks_of_one_name_are_told_apart():
 PINNED = """\
 event                        callback               origin       on_error  rank
 on_pretrain_routine_end      tensorboard            integration  disable   rank 0
-                             visualize              integration  disable   all ranks
+                             visualize              integration  disable   rank 0
 on_train_epoch_start         progress               default      raise     rank 0
                              stage_switch           integration  raise     all ranks
-                             visualize              integration  disable   all ranks
+                             visualize              integration  disable   rank 0
 on_train_batch_end           progress               default      raise     rank 0
-                             visualize              integration  disable   all ranks
+                             visualize              integration  disable   rank 0
 on_train_epoch_end           progress               default      raise     rank 0
 on_fit_epoch_end             tensorboard            integration  disable   rank 0
-                             visualize              integration  disable   all ranks
+                             visualize              integration  disable   rank 0
                              log_epoch              yaml         raise     all ranks
 on_train_end                 tensorboard            integration  disable   rank 0
                              callback_record        default      raise     all ranks
 teardown                     progress               default      raise     rank 0
                              tensorboard            integration  disable   rank 0
-                             callback_record        default      raise     all ranks
-on_val_batch_end             visualize              integration  disable   all ranks
+                             callback_record        default      raise     rank 0
+on_val_batch_end             visualize              integration  disable   rank 0
 """
 
 
