@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,15 @@ def pytest_unconfigure(config):
     folder = os.environ.get("YOLO_CB_CONFIG_DIR", "")
     if "yolo-cb-no-user-settings-" in folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_with_peak_rss(child: subprocess.Popen, limit_s: float) -> tuple[int, int]:
+    """(exit status, peak RSS in KiB of the child and everything it waited for); a child still running at limit_s is killed."""
+    timer = threading.Timer(limit_s, child.kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(child.pid, 0)
+    finally:
+        timer.cancel()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode, usage.ru_maxrss

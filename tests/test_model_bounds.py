@@ -16,7 +16,6 @@ import resource
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import wait_with_peak_rss
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
@@ -179,23 +179,11 @@ def start(cwd: Path, mode: str, *args: str) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL, preexec_fn=capped_child)
 
 
-def finish(child: subprocess.Popen, limit_s: float) -> tuple[int, int]:
-    """(exit status, peak RSS in KiB of the child and everything it waited for); a child still running at limit_s is killed."""
-    timer = threading.Timer(limit_s, child.kill)
-    timer.start()
-    try:
-        _, status, usage = os.wait4(child.pid, 0)
-    finally:
-        timer.cancel()
-    child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, usage.ru_maxrss
-
-
 def predict_line(tmp_path: Path, model: Path, *extra: str) -> tuple[str, str]:
     """Predict with `model` under the cap: its one error line (exit 2, peak RSS under 3 GiB) and its output."""
     image = tmp_path / "img.jpg"
     cv2.imwrite(str(image), np.full((64, 64, 3), 90, np.uint8))
-    code, peak = finish(start(tmp_path, "predict", f"model={model}", f"source={image}", "imgsz=64", "save=False", *extra), 600)
+    code, peak = wait_with_peak_rss(start(tmp_path, "predict", f"model={model}", f"source={image}", "imgsz=64", "save=False", *extra), 600)
     output = (tmp_path / "out.txt").read_text()
     errors = [line for line in output.splitlines() if line.startswith("yolo-cb: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in output, (code, output[-3000:])
@@ -229,7 +217,7 @@ def terminate_when_stuck(child: subprocess.Popen, marker: Path, in_probe: bool =
     time.sleep(2)  # well inside the loop, or the hung callback
     sent = time.monotonic()
     child.send_signal(signal.SIGTERM)
-    code, _ = finish(child, 120)
+    code, _ = wait_with_peak_rss(child, 120)
     return code, time.monotonic() - sent
 
 
@@ -386,5 +374,5 @@ def test_our_own_onnx_export_predicts_under_the_cap(tmp_path):
 
     exported = YOLO(str(weights)).export(format="onnx", imgsz=64)
     cv2.imwrite(str(tmp_path / "img.jpg"), np.full((64, 64, 3), 90, np.uint8))
-    code, peak = finish(start(tmp_path, "predict", f"model={exported}", f"source={tmp_path / 'img.jpg'}", "imgsz=64", "save=False"), 600)
+    code, peak = wait_with_peak_rss(start(tmp_path, "predict", f"model={exported}", f"source={tmp_path / 'img.jpg'}", "imgsz=64", "save=False"), 600)
     assert code == 0 and peak < RSS_LIMIT_KIB, (code, peak, (tmp_path / "out.txt").read_text()[-3000:])

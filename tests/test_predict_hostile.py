@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import wait_with_peak_rss
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import Checkpoint, save_checkpoint
@@ -104,16 +105,10 @@ def predict_peak_rss(args: list[str], cwd: Path, limit_s: float = 300, address_s
     with open(log, "w") as err:
         child = subprocess.Popen([sys.executable, "-m", "yolo_cb", "predict", *args], cwd=cwd, env=cli_env(cwd),
                                  stdout=err, stderr=subprocess.STDOUT, preexec_fn=cap(address_space))
-        timer = threading.Timer(limit_s, child.kill)  # a hung child is killed, not waited on forever
-        timer.start()
-        try:
-            _, status, usage = os.wait4(child.pid, 0)
-        finally:
-            timer.cancel()
-            child.returncode = os.waitstatus_to_exitcode(status)
+        code, peak = wait_with_peak_rss(child, limit_s)  # a hung child is killed, not waited on forever
     text = log.read_text()
-    assert child.returncode == 0, text[-3000:]
-    return usage.ru_maxrss, text
+    assert code == 0, text[-3000:]
+    return peak, text
 
 
 def test_cli_predict_memory_is_flat_in_the_number_of_images(weights, tmp_path):
