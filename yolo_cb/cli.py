@@ -1,6 +1,8 @@
 """`yolo-cb MODE key=value ...`: argv -> settings -> the YOLO facade.
 
 Modes: train, val, predict, export, tune, benchmark; and `yolo-cb cfg | callbacks | settings | checks | copy-cfg | help | version`.
+This module loads no torch: it answers everything the command line and the files it names decide, then hands the modes
+that need torch (and `checks`) to yolo_cb/cli_run.py, imported in one place, in run().
 A usage error, or any error the user can fix (yolo_cb.errors.UserError: bad settings, data, checkpoint, an
 unwritable project=), prints one clear message (no traceback) and exits with status 2; other errors are bugs
 and keep their traceback (exit 1).
@@ -9,20 +11,20 @@ and keep their traceback (exit 1).
 from __future__ import annotations
 
 import re
+import shutil
 import sys
-from collections.abc import Iterator
+from pathlib import Path
 
 from yolo_cb.assembly.assemble import build_trainer_callbacks
-from yolo_cb.cli_info import checks, copy_cfg
 from yolo_cb.data.check import check_dataset, format_report
 from yolo_cb.data.convert import convert
 from yolo_cb.data.dataset_yaml import read_dataset
 from yolo_cb.errors import UserError
-from yolo_cb.settings.config import check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
+from yolo_cb.settings.config import Config, check_overrides, coerce, describe_settings, get_config, load_defaults, names_a_resume
 from yolo_cb.settings.ultralytics_keys import ULTRALYTICS_KEYS, unknown_key_message  # noqa: F401 (ULTRALYTICS_KEYS: read here before)
 from yolo_cb.settings.user import USER_KEYS, check_key, load_user_settings, reset_user_settings, save_user_settings, settings_path
 from yolo_cb.utils.log import printable, setup_logging
-from yolo_cb.utils.paths import DEFAULT_MODEL
+from yolo_cb.utils.paths import DEFAULT_CFG, DEFAULT_MODEL
 from yolo_cb.utils.signal_stack import signal_deadline
 from yolo_cb.utils.suggest import did_you_mean
 from yolo_cb.version import __version__
@@ -31,6 +33,7 @@ MODES = ("train", "val", "predict", "track", "export", "tune", "benchmark")
 SPECIAL = ("cfg", "callbacks", "settings", "checks", "copy-cfg", "convert", "data", "help", "version")
 DATA_KEYS = {"convert": ("source", "format", "out", "names"), "data": ("data", "datasets_dir")}  # their own keys
 DATA_MODES = ("train", "val", "tune", "benchmark")  # the modes whose run resolves data= (export reads it for int8 only)
+COPY_NAME = "default_copy.yaml"  # what copy-cfg writes in the working directory (Ultralytics' name)
 
 HELP = """\
 yolo-cb: train, validate, export and run YOLOX detectors; the training loop is driven by callbacks.
@@ -154,14 +157,26 @@ def refuse_bad_data(mode: str, args) -> None:
         read_dataset(args.data, args.datasets_dir)
 
 
-def callbacks_table(args, overrides: dict[str, str]) -> str:
-    """`yolo-cb callbacks`: the callbacks `yolo-cb train` with these settings runs, per event in firing order, built
-    without torch. A checkpoint named as the model is read (and refused) by the facade first, which loads torch."""
-    if str(args.model or "").endswith((".pt", ".pth")):
-        from yolo_cb.model import YOLO  # the facade loads torch: only for a checkpoint named as the model
+def names_a_checkpoint(args: Config) -> bool:
+    """Whether model= names a checkpoint: `yolo-cb callbacks` then leaves its table to the facade (cli_run.py), which reads it."""
+    return str(args.model or "").endswith((".pt", ".pth"))
 
-        return YOLO(args.model).training_callbacks(**{k: v for k, v in overrides.items() if k != "model"}).table()
+
+def callbacks_table(args: Config, overrides: dict[str, str]) -> str:
+    """`yolo-cb callbacks` with no checkpoint named as the model: the callbacks `yolo-cb train` with these settings runs,
+    per event in firing order, built without torch."""
     return build_trainer_callbacks(get_config({**overrides, "model": args.model or DEFAULT_MODEL, "mode": "train"})).table()
+
+
+def copy_cfg(folder: Path | None = None) -> Path:
+    """`yolo-cb copy-cfg` (Ultralytics' `yolo copy-cfg`): cfg/default.yaml copied to <folder>/default_copy.yaml (never over
+    an existing file), and how to use it."""
+    target = Path(folder or Path.cwd()) / COPY_NAME
+    if target.exists() or target.is_symlink():
+        raise UserError(f"{target} exists; copy-cfg does not overwrite it: move it away or edit it (yolo-cb train cfg={target.name})")
+    shutil.copyfile(DEFAULT_CFG, target)
+    print(f"{DEFAULT_CFG} copied to {target}: edit it, then yolo-cb train cfg={target.name}")
+    return target
 
 
 def print_settings() -> None:
@@ -225,70 +240,54 @@ def data_command(argv: list[str]) -> None:
     print("\n".join(printable(line) for line in report.splitlines()))  # class names come from the user's files
 
 
-def drain(results: Iterator[object]) -> int:
-    """Consume a predict stream without keeping its Results (each holds its decoded image): memory stays flat in
-    the number of images and video frames. Returns how many there were."""
-    count = 0
-    try:
-        for _ in results:
-            count += 1
-    finally:  # an interrupt between two results still closes the stream (its videos are finalised)
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
-    return count
+def answer(mode: str) -> object:
+    """help, version, cfg and copy-cfg: what they print (copy-cfg: the file it wrote)."""
+    if mode == "copy-cfg":
+        return copy_cfg()
+    if mode == "cfg":
+        print_settings()
+    else:
+        print(HELP if mode == "help" else __version__)
+    return None
+
+
+def check_resume(overrides: dict[str, str]) -> None:
+    """`yolo-cb train resume=...`: each given key and value checked before torch loads; the run's settings (the
+    checkpoint's, under these) are then resolved once, by the resume's plan in train()."""
+    check_overrides(overrides)
+    setup_logging(verbose=coerce("verbose", overrides.get("verbose", load_defaults()["verbose"])))  # the plan's lines too
+
+
+def settle(mode: str, overrides: dict[str, str]) -> Config | None:
+    """The settings of `mode`, checked as far as the command line and its files decide: the inputs it needs, every key
+    and value (type and range errors surface here, before any work), its data YAML. None for a resume (checked here;
+    its plan resolves its settings from the checkpoint)."""
+    refuse_missing_inputs(mode, overrides)
+    if mode == "train" and names_a_resume(overrides.get("resume")):  # resume= a path, true or auto
+        check_resume(overrides)
+        return None
+    args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})
+    setup_logging(verbose=args.verbose)
+    refuse_bad_data(mode, args)
+    return args
 
 
 def run(argv: list[str]) -> object:
+    """Run one command line (argv without the program name); returns what its mode returns."""
     if argv[:1] == ["settings"]:
         return settings_command(argv[1:])
     if argv[:1] in (["convert"], ["data"]):
         return data_command(argv)
     mode, overrides = parse_args(argv)
-    if mode == "help":
-        print(HELP)
-        return None
-    if mode == "version":
-        print(__version__)
-        return None
-    if mode == "cfg":
-        print_settings()
-        return None
-    if mode in ("checks", "copy-cfg"):
-        return checks() if mode == "checks" else copy_cfg()
-    refuse_missing_inputs(mode, overrides)
-    if mode == "train" and names_a_resume(overrides.get("resume")):  # resume= a path, true or auto
-        return resume_from_cli(overrides)
-    args = get_config({**overrides, "mode": "train" if mode == "callbacks" else mode})  # type and range errors surface here, before any work
-    setup_logging(verbose=args.verbose)
-    if mode == "callbacks":
+    if mode in ("help", "version", "cfg", "copy-cfg"):
+        return answer(mode)
+    args = None if mode == "checks" else settle(mode, overrides)
+    if mode == "callbacks" and not names_a_checkpoint(args):
         print(callbacks_table(args, overrides))
         return None
-    refuse_bad_data(mode, args)
-    from yolo_cb.model import DEFAULT_MODEL, YOLO  # help, cfg, callbacks and bad settings or data answer before torch loads
+    from yolo_cb.cli_run import run_mode  # it loads torch: everything above answers without it (tests/test_cli_no_torch.py)
 
-    model = YOLO(args.model or (DEFAULT_MODEL if mode in ("train", "tune") else None))  # DEFAULT_MODEL: no model named (resume keeps its own)
-    kwargs = {k: v for k, v in overrides.items() if k != "model"}
-    if mode == "benchmark":
-        from yolo_cb.export.benchmark import benchmark  # it loads torch (and the exporter): only for `yolo-cb benchmark`
-
-        return benchmark(args, format=overrides.get("format"))  # format= as given (args.format holds the export default)
-    if mode in ("predict", "track"):  # the CLI saves annotated images unless save=False (Python's predict() saves only with save=True)
-        return drain(model.run_predict(kwargs.pop("source", None), True, {**kwargs, "mode": mode}, save=True))
-    if mode == "train" and not args.resume:  # a fresh run trains with the settings resolved above (a resume plans its own)
-        return model.train(**kwargs, _resolved=args)
-    call = {"train": model.train, "val": model.val, "export": model.export, "tune": model.tune}[args.mode]
-    return call(**kwargs)
-
-
-def resume_from_cli(overrides: dict) -> object:
-    """`yolo-cb train resume=...`: each given key and value checked before torch loads; the run's settings (the
-    checkpoint's, under these) are then resolved once, by the resume's plan in train()."""
-    check_overrides(overrides)
-    setup_logging(verbose=coerce("verbose", overrides.get("verbose", load_defaults()["verbose"])))  # the plan's lines too
-    from yolo_cb.model import DEFAULT_MODEL, YOLO  # after the check: a bad setting answers before torch loads
-
-    return YOLO(overrides.get("model") or DEFAULT_MODEL).train(**{k: v for k, v in overrides.items() if k != "model"})
+    return run_mode(mode, args, overrides)
 
 
 def user_error(error: BaseException) -> BaseException | None:
