@@ -59,7 +59,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
                            "embed", "tracking",
                            "predictor"),
     "yolo_cb.evaluation": ("coco_json", "per_class", "val_metrics", "val_sets", "val_txt", "validator"),
-    "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "benchmark"),
+    "yolo_cb.export": ("nms", "formats", "calibration_images", "mobile", "convert", "verify", "exporter", "checks", "benchmark"),
     "yolo_cb.training": ("trainer_hooks", "epoch_record", "run_state", "surface", "signals", "step", "build", "resume",
                          "resume_state", "checkpointer", "place", "trainer", "plan", "launch"),
     "yolo_cb.integrations": ("visualize", "tracking", "export_check", "onnx_check", "raytune", "stage_switch",
@@ -367,23 +367,16 @@ def test_the_architecture_page_names_only_files_that_exist():
 
 # --- imports inside functions: few, and each with its reason ------------------------------------------------------------
 # (importer, imported) -> why the import waits for the call. Every other yolo_cb import sits at the top of its module.
-# Issue 60 asks for at most 5: the five outside integrations/ meet it; the eight of the integrations keep registering and
-# listing every callback torch-free (issue 62, tests/test_cli_no_torch.py) until they reach those parts another way.
+# Issue 60 asks for at most 5 (tests/test_architecture.py counts the statements below).
 LOCAL_IMPORTS = {
     ("yolo_cb", "yolo_cb.model"): "`import yolo_cb` loads neither torch nor the facade",
     ("yolo_cb.cli", "yolo_cb.model"): "help, cfg, callbacks and a bad setting or data YAML answer before torch loads (test_cli_no_torch)",
     ("yolo_cb.cli", "yolo_cb.export.benchmark"): "it loads torch: `yolo-cb benchmark` only",
     ("yolo_cb.cli_info", "yolo_cb.training.step"): "it loads torch; `yolo-cb copy-cfg` answers without it",
     ("yolo_cb.prediction.probe_child", "yolo_cb.prediction.backend"): "it loads torch: the probe of an ONNX file starts without it",
-    # the torch-heavy parts an integration calls while a run trains: registering and listing every callback loads no torch
-    ("yolo_cb.integrations.export_check", "yolo_cb.export.convert"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.export_check", "yolo_cb.export.exporter"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.export_check", "yolo_cb.export.verify"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.onnx_check", "yolo_cb.checkpoints.checkpoint"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.onnx_check", "yolo_cb.export.exporter"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.stage_switch", "yolo_cb.nn.yolox.loss"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.worst_images", "yolo_cb.metrics"): "loads torch; registering the callback must not",
-    ("yolo_cb.integrations.worst_images", "yolo_cb.nn.postprocess"): "loads torch; registering the callback must not",
+    # the conversion checks a run makes of its model (yolo_cb/export/checks.py): registering and listing every callback loads no torch
+    ("yolo_cb.integrations.export_check", "yolo_cb.export.checks"): "the exporter loads torch; registering the callback must not",
+    ("yolo_cb.integrations.onnx_check", "yolo_cb.export.checks"): "the exporter loads torch; registering the callback must not",
 }
 
 
