@@ -57,7 +57,7 @@ def test_an_unknown_body_is_refused(yolocb_yaml):
 
 def test_c3k2_psa_exports_to_onnx_faithfully(yolocb_yaml):
     """The attention's reshapes and matmuls convert: onnxruntime gives PyTorch's outputs on a 64 x 64 image."""
-    from yolo_cb.integrations.onnx_check import onnx_roundtrip
+    from yolo_cb.export.checks import onnx_roundtrip
 
     model = build_model(yolocb_yaml(body="c3k2_psa"), nc=NC, verbose=False)
     assert onnx_roundtrip(model, torch.rand(1, 3, 64, 64), simplify=False)["max_err"] < 1e-3

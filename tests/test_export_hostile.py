@@ -213,7 +213,7 @@ def test_broken_onnx_file_is_one_line(good_export, tmp_path, kind, mode):
 
 ROUNDTRIP_CHILD = r"""
 import torch
-from yolo_cb.integrations.onnx_check import onnx_roundtrip
+from yolo_cb.export.checks import onnx_roundtrip
 from yolo_cb.nn import build_model
 model = build_model("yolox-nano", nc=2, verbose=False)
 for _ in range(3):

@@ -13,7 +13,8 @@ import torch
 import yolo_cb.nn
 from yolo_cb import YOLO
 from yolo_cb.callbacks.dispatch import CallbackError
-from yolo_cb.integrations.onnx_check import OnnxCheck, onnx_roundtrip
+from yolo_cb.export.checks import onnx_roundtrip
+from yolo_cb.integrations.onnx_check import OnnxCheck
 
 
 def not_exportable(module, inputs, output):

@@ -14,8 +14,8 @@ import yaml
 
 from yolo_cb.data.dataset import YOLODataset
 from yolo_cb.data.loading.loader import YOLODataLoader, build_dataloader, close_loaders
-from yolo_cb.data.recent import RecentImages
 from yolo_cb.data.loading.stream import POOL_BATCHES
+from yolo_cb.data.recent import RecentImages
 from yolo_cb.utils.paths import DEFAULT_CFG
 
 N_IMAGES = 12

@@ -16,7 +16,8 @@ import torch
 
 from yolo_cb import YOLO
 from yolo_cb.checkpoints.checkpoint import load_checkpoint
-from yolo_cb.integrations.stage_switch import switch_epoch
+from yolo_cb.integrations.stage_switch import start_final_stage, switch_epoch
+from yolo_cb.nn.build import build_model
 
 COLOURS = [(b, g, r) for b in (20, 230) for g in (40, 200) for r in (10, 140, 250)]  # 12 distinct BGR colours, none grey
 
@@ -59,6 +60,17 @@ class Recorder:
 
     def on_train_epoch_end(self, trainer):
         self.validate_every[trainer.epoch] = bool(trainer.validate_every_epoch)
+
+
+def test_the_final_stage_is_the_loss_s_own_business():
+    """The switch knows no model family: each loss says what the last stage turns on (the detector contract), and a
+    user's loss without the method is left alone."""
+    yolox, yolocb = build_model("yolox-nano", nc=2, verbose=False), build_model("yolocb-n", nc=2, verbose=False)
+    assert yolox.criterion.use_l1 is False
+    assert start_final_stage(yolox.criterion) == "L1 loss on" and yolox.criterion.use_l1 is True
+    assert yolox.criterion.training_state() == {"use_l1": True}
+    assert start_final_stage(yolocb.criterion) == "" and yolocb.criterion.training_state() == {}
+    assert start_final_stage(object()) == "" and start_final_stage(None) == ""
 
 
 def test_switch_epoch_convention():

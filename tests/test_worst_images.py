@@ -100,6 +100,7 @@ def test_the_ranking_on_known_answers(run):
     keep one label of their labels as their only prediction (AP < 1), none at all (AP 0), or a wrong class (AP 0)."""
     import numpy as np
 
+    from yolo_cb.evaluation.val_metrics import ImageStats
     from yolo_cb.integrations.worst_images import worst
 
     _, seen, _ = run
@@ -111,6 +112,9 @@ def test_the_ranking_on_known_answers(run):
     partial.update(pred_boxes=partial["gt_boxes"][:1], pred_scores=np.array([0.9]), pred_cls=partial["gt_cls"][:1])
     empty.update(pred_boxes=np.zeros((0, 4)), pred_scores=np.zeros(0), pred_cls=np.zeros(0, dtype=int))
     wrong.update(pred_cls=(wrong["gt_cls"] + 1) % seen["nc"])
-    chosen = worst(stats, seen["nc"], K)
+    records = ImageStats(seen["nc"])  # as validator.stats holds them
+    for s in stats:
+        records.append(s)
+    chosen = worst(records, K)
     assert {s["im_file"] for s, _ in chosen} == {partial["im_file"], empty["im_file"], wrong["im_file"]}
     assert chosen[-1][0] is partial and 0 < chosen[-1][1] < 1 and chosen[0][1] == 0

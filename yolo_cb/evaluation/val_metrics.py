@@ -241,6 +241,10 @@ class ImageStats(list):
                                                   record["gt_cls"])
         super().append(record)
 
+    def image_maps(self) -> list[float | None]:
+        """Each image's COCO mAP50-95 on its own, in order; None for an image without labels (worst_batches ranks by it)."""
+        return [_image_map(r, self.nc) if len(r["gt_cls"]) else None for r in self]
+
     def __getitem__(self, key):
         if not isinstance(key, str):
             return super().__getitem__(key)
@@ -255,6 +259,12 @@ class ImageStats(list):
 
     def items(self) -> list[tuple[str, list]]:
         return [(k, self[k]) for k in self.keys()]
+
+
+def _image_map(record: dict, nc: int) -> float:
+    metrics = DetMetrics(nc)
+    metrics.update(record["pred_boxes"], record["pred_scores"], record["pred_cls"], record["gt_boxes"], record["gt_cls"], key=0)
+    return float(metrics.compute().map)
 
 
 def metrics_so_far(stats: ImageStats, names: dict[int, str]) -> DetectionMetrics:

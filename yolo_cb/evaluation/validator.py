@@ -270,10 +270,10 @@ class Validator:
             outs.append(backend(chunk)[:n])
         return torch.cat(outs)
 
-    def postprocess(self, preds: torch.Tensor) -> list[torch.Tensor]:
+    def postprocess(self, preds: torch.Tensor, conf: float | None = None) -> list[torch.Tensor]:
         if isinstance(preds, (tuple, list)):
             preds = preds[0]
-        return postprocess(preds, conf=self.conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
+        return postprocess(preds, conf=self.conf if conf is None else conf, iou=self.args.iou, max_det=self.args.max_det, agnostic=bool(self.args.agnostic_nms),
                            classes=self.args.classes, end2end=getattr(self, "end2end", None), multi_label=VAL_MULTI_LABEL,
                            single_cls=bool(self.args.single_cls))
 

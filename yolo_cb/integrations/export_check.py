@@ -20,7 +20,7 @@ from yolo_cb.callbacks.registry import integration
 from yolo_cb.utils.files import atomic_write_text
 from yolo_cb.utils.log import LOGGER
 
-COLUMNS = ("variant", "file", "mAP50-95", "pytorch", "drop", "ok", "error")
+COLUMNS = ("variant", "file", "mAP50-95", "pytorch", "drop", "ok", "error")  # export_check.csv's (VariantChecks.run's rows)
 
 
 class ExportCheckError(RuntimeError):
@@ -34,42 +34,22 @@ class ExportCheck:
 
     def __init__(self):
         self.rows: list[dict] = []
+        self.variants = None  # the export module's VariantChecks, made when the run starts (it names each bad variant)
 
     def on_pretrain_routine_end(self, trainer):
-        from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
+        from yolo_cb.export.checks import VariantChecks  # the exporter loads torch: here, so that registering the check does not
 
-        for token in str(trainer.args.export_check).split(","):
-            parse_spec(token)  # a bad variant name fails before the first epoch
+        self.variants = VariantChecks(trainer.args.export_check)  # every rank checks the names; a bad one fails before epoch 1
 
-    @rank_zero_only  # the export and its validation: rank 0 only (every rank checks the variant names above)
+    @rank_zero_only  # the export and its validation: rank 0 only
     def on_train_end(self, trainer):
         best = Path(trainer.wdir) / "best.pt" if trainer.wdir else None
-        if best is None or not best.is_file():
+        if best is None or not best.is_file() or self.variants is None:
             return
-        from yolo_cb.export.convert import parse_spec  # the export modules load torch: imported when a run uses them
-        from yolo_cb.export.exporter import Exporter
-        from yolo_cb.export.verify import MAP_KEY, val_map
-
-        args = trainer.args
-        reference = None
-        for token in [t.strip() for t in str(args.export_check).split(",") if t.strip()]:
-            row = {"variant": token, "file": "", "mAP50-95": "", "pytorch": "", "drop": "", "ok": False, "error": ""}
-            try:
-                spec = parse_spec(token)
-                path = Exporter({"imgsz": args.imgsz, "data": args.data, "datasets_dir": args.datasets_dir, "fraction": args.fraction,
-                                 "iou": args.iou, "max_det": args.max_det, "opset": args.opset, **spec}, validate=False)(str(best))
-                ours, validator = val_map(path, args.data, args.imgsz, 1, args.datasets_dir, trainer.save_dir)
-                if reference is None:
-                    reference = val_map(str(best), args.data, args.imgsz, 1, args.datasets_dir, trainer.save_dir, like=validator)[0]
-                drop = reference[MAP_KEY] - ours[MAP_KEY]
-                row.update(file=Path(path).name, **{"mAP50-95": round(ours[MAP_KEY], 5)}, pytorch=round(reference[MAP_KEY], 5),
-                           drop=round(drop, 5), ok=drop <= float(args.export_check_tol))
-            except Exception as error:  # recorded, then warned about or raised below
-                row["error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
-            self.rows.append(row)
+        self.rows = self.variants.run(best, trainer.args, Path(trainer.save_dir))
         self._write(Path(trainer.save_dir) / "export_check.csv")
         self._log(trainer)
-        self._judge(bool(args.export_check_strict), float(args.export_check_tol))
+        self._judge(bool(trainer.args.export_check_strict), float(trainer.args.export_check_tol))
 
     def _write(self, file: Path) -> None:
         buffer = io.StringIO()  # written atomically, as every file of a run: a link planted at the name is replaced, not followed

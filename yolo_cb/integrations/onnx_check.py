@@ -21,11 +21,6 @@ registers the check with on_error="raise" then, so training fails before its fir
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 from yolo_cb.callbacks.registry import callback_alias, integration
@@ -35,74 +30,6 @@ from yolo_cb.utils.log import LOGGER
 
 class OnnxCheckError(RuntimeError):
     """The model could not be exported to ONNX, or the ONNX model disagrees with PyTorch beyond onnx_check_tol."""
-
-
-def onnx_roundtrip(model, image, opset: int = 17, simplify: bool = True, copy_model: bool = True) -> dict[str, float]:
-    """Export a fused eval copy of `model` to ONNX in memory, check it, run it in onnxruntime on `image` (B, 3, H, W)
-    float in [0, 1] and compare every output with PyTorch: {max_abs, max_rel, max_err} over all outputs. Export errors
-    propagate. `copy_model=False` fuses and exports `model` itself (one nobody else uses: a model just loaded)."""
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    import torch
-
-    from yolo_cb.export.exporter import compare, onnx_bytes  # here: registering the check must not load torch
-
-    module = (copy.deepcopy(model) if copy_model else model).cpu().float().eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    if hasattr(module, "fuse"):
-        module = module.fuse() or module
-    image = image.detach().cpu().float()
-    with drop_torch_ir_dump():  # in memory: no file, so nothing is left behind if the process is killed
-        data = onnx_bytes(module, tuple(image.shape[-2:]), opset=opset, dynamic=False, simplify=simplify, batch=image.shape[0])
-    onnx.checker.check_model(onnx.load_from_string(data))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    outputs = session.run(None, {session.get_inputs()[0].name: image.numpy().astype(np.float32)})
-    del session
-    with torch.no_grad():
-        reference = _flatten(module(image))
-    if len(outputs) != len(reference):
-        raise OnnxCheckError(f"the ONNX model has {len(outputs)} outputs, PyTorch {len(reference)}")
-    result = {"max_abs": 0.0, "max_rel": 0.0, "max_err": 0.0}
-    for out, ref in zip(outputs, reference, strict=True):
-        diff = compare(out, ref)
-        result = {k: max(result[k], diff[k]) for k in result}
-    return result
-
-
-@contextlib.contextmanager
-def drop_torch_ir_dump():
-    """Keep torch's "Torch IR graph at exception: ..." dump (hundreds of lines, written by C++ to fd 1 when a TorchScript
-    ONNX export fails: torch 2.9's exporter leaves its ONNX log switched on) out of the training log. Anything else
-    written to stdout meanwhile is passed on afterwards."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError, AttributeError):  # no real fd 1 (some notebooks): nothing to filter
-        yield
-        return
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            sink.seek(0)
-            kept = sink.read().decode(errors="replace").split("Torch IR graph at exception:")[0]
-            if kept:
-                sys.stdout.write(kept)
-                sys.stdout.flush()
-
-
-def _flatten(output) -> list:
-    if isinstance(output, (list, tuple)):
-        return [t for item in output for t in _flatten(item)]
-    if isinstance(output, dict):
-        return [t for item in output.values() for t in _flatten(item)]
-    return [output]
 
 
 # a strict check must fail the run; otherwise a failing check switches itself off and training goes on
@@ -130,21 +57,21 @@ class OnnxCheck:
         wanted = self.best if self.best is not None else bool(getattr(trainer.args, "onnx_check_best", False))
         if not wanted or best is None or not best.is_file():
             return
-
-        from yolo_cb.checkpoints.checkpoint import model_from_checkpoint  # here: registering the check must not load torch
-
         if self.image is None:
             self.image = self._image(trainer)
-        self.check(trainer, model_from_checkpoint(best), "best.pt", simplify=bool(trainer.args.simplify), copy_model=False)
+        self.check(trainer, best, "best.pt", simplify=bool(trainer.args.simplify))
 
-    def check(self, trainer, model, stage: str, simplify: bool, copy_model: bool = True) -> dict:
-        """Run the round trip; log the figures; warn, or raise OnnxCheckError when strict, on a failure."""
+    def check(self, trainer, model, stage: str, simplify: bool) -> dict:
+        """Run the round trip of `model` (a model in use, copied, or a checkpoint's path); log the figures; warn, or raise
+        OnnxCheckError when strict, on a failure."""
+        from yolo_cb.export.checks import onnx_roundtrip  # the exporter loads torch: here, so that registering the check does not
+
         args = trainer.args
         strict = self.strict if self.strict is not None else args.onnx_check == "strict"
         tol = float(self.tol if self.tol is not None else args.onnx_check_tol)
         how = f"{self.image.shape[-2]}x{self.image.shape[-1]} image, {'simplified' if simplify else 'not simplified'}"
         try:
-            result = onnx_roundtrip(model, self.image, opset=int(args.opset), simplify=simplify, copy_model=copy_model)
+            result = onnx_roundtrip(model, self.image, opset=int(args.opset), simplify=simplify)
         except Exception as error:
             self.results[stage] = {"error": f"{type(error).__name__}: {error}", "ok": False}
             message = (f"ONNX check ({stage}): the model cannot be exported to ONNX ({type(error).__name__}: {str(error).strip()[:500]}); "

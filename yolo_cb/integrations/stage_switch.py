@@ -9,7 +9,7 @@ At on_train_epoch_start of every epoch with
 trainer.epoch >= S — before the epoch's loader iterator exists — the switch is applied once per process:
 
     train_loader.close_mosaic()        # dataset transforms closed; the workers see it in the next tasks they get (no restart)
-    criterion.set_l1(True)             # YOLOX losses (and the EMA model's, for the val/l1_loss figure)
+    criterion.start_final_stage()      # YOLOX's: the L1 term on (and the EMA model's, for the val/l1_loss figure)
     trainer.validate_every_epoch = True
 
 The `>=` test (not `==`) re-applies the switch in a training resumed after it; state_dict() {switched, epoch} is
@@ -30,11 +30,11 @@ def switch_epoch(args, epochs: int) -> int | None:
     return max(int(epochs) - n, 0) if n > 0 else None
 
 
-def has_l1_term(criterion) -> bool:
-    """Whether `criterion` is a YOLOX loss (the only family with the L1 box term the stage switches on)."""
-    from yolo_cb.nn.yolox.loss import YOLOXLoss  # here, when a trainer runs: registering the switch must not load torch
-
-    return isinstance(criterion, YOLOXLoss)
+def start_final_stage(criterion) -> str:
+    """Tell a loss that the last stage begins (the Detector contract's `start_final_stage`): what it turned on, for the
+    log line; "" for a loss with no stage-dependent term, or one that predates the contract (a user's own loss)."""
+    start = getattr(criterion, "start_final_stage", None)
+    return start() if start is not None else ""
 
 
 # it changes the training recipe: a failure must stop the run, not let it silently train another recipe
@@ -68,12 +68,11 @@ class StageSwitch:
         if not (due or self.switched):
             return
         resumed = self.switched
-        self.apply(trainer)
+        turned_on = self.apply(trainer)
         if not resumed:
             self.switched, self.epoch = True, trainer.epoch
         if trainer.is_main:
-            l1 = "L1 loss on, " if has_l1_term(trainer.criterion) else ""
-            what = f"mosaic and mixup off, {l1}validating every epoch"
+            what = f"mosaic and mixup off, {turned_on + ', ' if turned_on else ''}validating every epoch"
             if resumed:
                 LOGGER.info(f"YOLOX stage switch (from epoch {(self.epoch or 0) + 1}) re-applied on resume at epoch {trainer.epoch + 1}/{trainer.epochs}: {what}")
             else:
@@ -88,11 +87,14 @@ class StageSwitch:
         close = self.close_mosaic if self.close_mosaic is not None else args.close_mosaic
         return SimpleNamespace(next_stage_start_epoch=self.next_stage_start_epoch, close_mosaic=close)
 
-    def apply(self, trainer) -> None:
+    def apply(self, trainer) -> str:
+        """Close mosaic in the loader, start the final stage in the training loss and the EMA model's (its val/l1_loss),
+        validate every epoch; what the training loss turned on ("" when nothing)."""
         trainer.train_loader.close_mosaic()
-        ema = getattr(trainer, "ema", None)
-        for criterion in (trainer.criterion, getattr(getattr(ema, "ema", None), "criterion", None)):  # the EMA's: val/l1_loss
-            if has_l1_term(criterion):  # the L1 term exists in YOLOX losses only; mosaic-off applies to any model
-                criterion.set_l1(True)
+        ema_model = getattr(getattr(trainer, "ema", None), "ema", None)
+        if ema_model is not None:
+            start_final_stage(getattr(ema_model, "criterion", None))
+        turned_on = start_final_stage(trainer.criterion)
         trainer.validate_each_epoch()
         self.applied = True
+        return turned_on

@@ -33,27 +33,19 @@ from yolo_cb.recipe.ema import unwrap
 from yolo_cb.utils.draw import draw_boxes, plot_batch, targets_to_boxes, write_image
 from yolo_cb.utils.files import own_folder
 
-if TYPE_CHECKING:  # torch, the metrics and the post-processing load when a run ranks images, not when this registers
+if TYPE_CHECKING:  # torch loads when a run ranks images, not when this registers
     import torch
+
+    from yolo_cb.evaluation.val_metrics import ImageStats
 
 PRED_CONF = 0.25  # predictions below this score are not drawn
 SOURCES = ("val", "train", "both")  # what is ranked: validation images by AP, training batches by loss, or both
 
 
-def image_ap(stat: dict, nc: int) -> float | None:
-    """COCO mAP50-95 of one validated image (a `validator.stats` entry); None when it has no labels."""
-    from yolo_cb.metrics import DetMetrics  # here: the metrics load torch, and registering this must not
-
-    if len(stat["gt_cls"]) == 0:
-        return None
-    metrics = DetMetrics(nc)
-    metrics.update(stat["pred_boxes"], stat["pred_scores"], stat["pred_cls"], stat["gt_boxes"], stat["gt_cls"], key=0)
-    return float(metrics.compute().map)
-
-
-def worst(stats: list[dict], nc: int, k: int) -> list[tuple[dict, float]]:
-    """The k entries of `stats` with the lowest per-image AP (ties in their order)."""
-    scored = [(s, ap) for s in stats if (ap := image_ap(s, nc)) is not None]
+def worst(stats: ImageStats, k: int) -> list[tuple[dict, float]]:
+    """The k records of `stats` (validator.stats) with the lowest per-image mAP50-95, images without labels left out
+    (ties in their order)."""
+    scored = [(s, ap) for s, ap in zip(stats, stats.image_maps(), strict=True) if ap is not None]
     return sorted(scored, key=lambda item: item[1])[:k]
 
 
@@ -75,11 +67,9 @@ def draw_side_by_side(stat: dict, names: dict[int, str], path: Path) -> Path:
 
 
 def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
-    """Detections >= PRED_CONF of the validated model (EMA, else the training model) on uint8 `images`, in eval mode
-    and without gradients; the model's modes are restored."""
+    """Detections >= PRED_CONF of the validated model (EMA, else the training model) on uint8 `images`, post-processed
+    as the validator does, in eval mode and without gradients; the model's modes are restored."""
     import torch
-
-    from yolo_cb.nn.postprocess import postprocess  # here: it loads torch, and registering this must not
 
     model = unwrap(trainer.ema.ema if trainer.ema is not None else trainer.model)
     modes = [(m, m.training) for m in model.modules()]
@@ -90,7 +80,7 @@ def predictions(trainer, images: torch.Tensor) -> list[torch.Tensor]:
     finally:
         for module, mode in modes:
             module.train(mode)
-    return [p.cpu() for p in postprocess(preds, conf=PRED_CONF, iou=trainer.args.iou, max_det=trainer.args.max_det)]
+    return [p.cpu() for p in trainer.validator.postprocess(preds, conf=PRED_CONF)]
 
 
 def draw_batch(trainer, images: torch.Tensor, targets: torch.Tensor, path: Path) -> Path:
@@ -153,7 +143,7 @@ class WorstImages:
             return
         if not self._wants(trainer, "val"):
             return
-        chosen = worst(validator.stats, validator.nc, self._k(trainer))
+        chosen = worst(validator.stats, self._k(trainer))
         self.worst = [(str(s["im_file"]), ap) for s, ap in chosen]
         for rank, (stat, _) in enumerate(chosen):  # own_folder: a link planted at worst/ is replaced, not followed
             path = own_folder(Path(validator.save_dir), "worst") / f"epoch{trainer.epoch + 1}_{rank}_{Path(stat['im_file']).stem}.jpg"

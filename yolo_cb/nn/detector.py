@@ -10,7 +10,9 @@ The trainer, validator, predictor and exporter see a detector only through this 
     build_loss(settings) -> the family's loss, built from the training settings it reads (`reads_settings`), as
                            `criterion`; the constructor builds one with the defaults. The loss gives what training
                            changes in it as plain data, `training_state()` / `load_training_state(state)` (the
-                           checkpoint's `loss`; YOLOX: its L1 switch), so that the trainer knows no family;
+                           checkpoint's `loss`; YOLOX: its L1 switch), so that the trainer knows no family; and
+                           `start_final_stage()` -> what it turns on for the last, no-augmentation epochs (YOLOX: "L1
+                           loss on"; "" for a loss with no such term), so that the stage switch knows none either;
     family, strides     -> the `family:` value of its model YAMLs; the output levels' strides (8, 16, 32);
     stride              -> the same strides as a float tensor (a non-persistent buffer: it follows .to(device));
     layers              -> the names of its layers in the order the image flows through them (what freeze=N counts);

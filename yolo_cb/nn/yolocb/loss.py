@@ -70,6 +70,10 @@ class YOLOCBLoss:
         self.box_gain, self.cls_gain, self.dfl_gain = float(box_gain), float(cls_gain), float(dfl_gain)
         self.assigner = TaskAlignedAssigner()
 
+    def start_final_stage(self) -> str:
+        """The last, no-augmentation epochs begin (the stage switch calls it): no term of this loss changes."""
+        return ""
+
     def training_state(self) -> dict:
         """What training changes in this loss (a checkpoint keeps it under `loss`): nothing."""
         return {}

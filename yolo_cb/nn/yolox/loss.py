@@ -163,6 +163,11 @@ class YOLOXLoss(nn.Module):
         """Turn the L1 term on or off (YOLOX's stage switch turns it on for the last, no-augmentation epochs)."""
         self.use_l1 = bool(on)
 
+    def start_final_stage(self) -> str:
+        """The last, no-augmentation epochs begin (the stage switch calls it): the L1 term on, as YOLOX does."""
+        self.set_l1(True)
+        return "L1 loss on"
+
     def training_state(self) -> dict:
         """What training changes in this loss, as plain data (a checkpoint keeps it under `loss`): the L1 switch. Not
         nn.Module's state_dict, which holds tensors and is part of the model's."""
