@@ -61,6 +61,8 @@ def refusals(folder: Path) -> list[tuple[list[str], str]]:
         (["train", "cfg=missing_cfg.yaml"], "cfg=missing_cfg.yaml: file not found"),
         (["train", "bogus=1"], "'bogus' is not a valid yolo-cb argument"),
         (["train", "epochs=abc"], "invalid value for 'epochs'"),
+        (["train", "export_check=onnx,onnx_bogus"], "'onnx_bogus' is not an export variant"),  # once a warning after setup
+        (["train", "export_check=openvino_half_int8"], "half=True and int8=True exclude each other"),
     ]
 
 

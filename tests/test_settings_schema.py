@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import types
 import typing
 from pathlib import Path
@@ -48,6 +49,13 @@ def test_a_rule_checks_what_it_says():
     with pytest.raises(ConfigError, match=r"a fraction in \(0, 1\]"):
         coerce("fraction", 0)
     assert coerce("cache", True) == "ram" and coerce("cache", None) is False
+    # export variants: checked where the settings are read (a bad one once only warned, after the model was built)
+    assert coerce("export_check", "ONNX, openvino_int8") == "onnx,openvino_int8" == coerce("export_check", ["onnx", "openvino_int8"])
+    assert coerce("export_check", "") is None and coerce("export_check", None) is None
+    for bad, says in (("onnx_bogus", "not an export variant: use a format (onnx, openvino, torchscript"), ("pdf", "not an export variant"),
+                      ("onnx_half_int8", "pick one precision"), ("torchscript_nms", "supports neither int8 nor nms"), (3, "comma separated")):
+        with pytest.raises(ConfigError, match=f"invalid value for 'export_check'.*{re.escape(says)}"):
+            coerce("export_check", bad)
 
 
 def test_coerce_is_short_functions():

@@ -18,14 +18,18 @@ import numpy as np
 
 from yolo_cb.data.resolve import check_data
 from yolo_cb.data.verify import imread, list_image_files
+from yolo_cb.errors import ConfigError
 from yolo_cb.export.formats import ExportError, ExportSettingError, export_write_error
 from yolo_cb.export.mobile import MOBILE_FORMATS, check_mobile
 from yolo_cb.prediction.backend import OPENVINO_META
 from yolo_cb.prediction.predictor import preprocess
+from yolo_cb.settings.schema import RULES
+from yolo_cb.settings.values import parse_variant, variant_conflict
 from yolo_cb.utils.log import LOGGER
 
-# the export formats offered; the last five are mobile and edge formats (export/mobile.py), each with its own extra
-FORMATS = ("onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "coreml")
+# the export formats offered, the `format` setting's choices; the last five are mobile and edge formats (export/mobile.py),
+# each with its own extra
+FORMATS = RULES["format"].choices
 CALIB_MAX = 300  # calibration images at most (the first 300 of the train split: more adds time, not accuracy)
 INSTALL = {"openvino": "pip install 'yolo-cb[openvino]'", "onnx_int8": "pip install onnxruntime"}
 
@@ -154,24 +158,21 @@ class StagedDir:
 
 
 def parse_spec(token: str) -> dict[str, Any]:
-    """An export variant named as in formats= / export_check=: onnx, onnx_half, onnx_int8, onnx_nms, openvino_int8, ...
-    -> {"format", "half", "int8", "nms"}; ExportSettingError naming the known ones."""
-    fmt, *flags = str(token).strip().lower().split("_")
-    if fmt not in FORMATS or not set(flags) <= {"half", "int8", "nms"}:
-        raise ExportSettingError(f"{token!r} is not an export variant: use a format ({', '.join(FORMATS)}) optionally followed by "
-                                 f"_half, _int8 and/or _nms, e.g. onnx,onnx_nms,openvino_int8")
-    spec = {"format": fmt, "half": "half" in flags, "int8": "int8" in flags, "nms": "nms" in flags}
-    check_format_combo(fmt, spec["half"], spec["int8"], spec["nms"])
+    """An export variant named as in formats= / export_check= (the settings' parse_variant) -> {"format", "half", "int8",
+    "nms"}, its combination checked; ExportSettingError naming the known ones."""
+    try:
+        spec = parse_variant(token)
+    except ConfigError as error:
+        raise ExportSettingError(str(error)) from None
+    check_format_combo(spec["format"], spec["half"], spec["int8"], spec["nms"])
     return spec
 
 
 def check_format_combo(fmt: str, half: bool, int8: bool, nms: bool, dynamic: bool = False) -> None:
     """Refuse combinations that cannot be honoured (and a mobile format whose converter is not installed), before any work."""
-    if half and int8:
-        raise ExportSettingError("half=True and int8=True exclude each other: pick one precision")
-    if fmt == "torchscript" and (int8 or nms):
-        raise ExportSettingError(f"format=torchscript supports neither int8 nor nms (got int8={int8}, nms={nms}); "
-                                 "use format=onnx or format=openvino for those")
+    conflict = variant_conflict(fmt, half, int8, nms)
+    if conflict:
+        raise ExportSettingError(conflict)
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt!r} is not supported")
     if fmt in MOBILE_FORMATS:

@@ -10,7 +10,8 @@ that cfg/default.yaml and this table name the same keys, and that every default 
 Kinds: int (low/high, multiple) | fraction (in [0, 1]; low_open: (0, 1]) | positive (float > 0) | nonneg (float >= 0) |
 enum (choices, aliases) | bool | bool_or_path | text (a string or empty) | device | free (any value, unparsed) | any (a
 YAML scalar, unchecked) | metric | callbacks | classes | freeze | save_epochs | lr_scheduler | procs (an int from low
-to the CPU cores this process may use: usable_cpus()).
+to the CPU cores this process may use: usable_cpus()) | variants (export variants: a `format` choice then _half, _int8
+and/or _nms; comma separated or a list).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from yolo_cb.utils.paths import DEFAULT_CFG
 __all__ = ["KINDS", "MAX_IMGSZ", "RULES", "Setting", "Settings", "describe_settings", "load_defaults", "schema", "settings_of_kind", "usable_cpus"]
 
 KINDS = ("int", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "text", "device", "free", "any", "metric",
-         "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler", "procs")
+         "callbacks", "modules", "classes", "freeze", "save_epochs", "lr_scheduler", "procs", "variants")
 
 # The largest imgsz accepted: 8192 px is above any detector's training size, while one 32768 x 32768 batch already asks
 # for gigabytes (imgsz=1e9 would ask for exabytes); larger is refused, from the command line or a checkpoint alike.
@@ -223,7 +224,7 @@ class Settings:
     dvc: Annotated[bool, _k("bool")]
     onnx_check: Annotated[bool | str, _enum(True, False, "strict", **RT)]
     onnx_check_best: Annotated[bool, _k("bool", **R)]
-    export_check: Annotated[str | None, _k("text", **RT)]
+    export_check: Annotated[str | None, _k("variants", **RT)]
     export_check_tol: Annotated[float, _k("positive", **R)]
     export_check_strict: Annotated[bool, _k("bool", **R)]
     onnx_check_tol: Annotated[float, _k("positive", **R)]

@@ -27,6 +27,7 @@ POSITIVE_FLOATS = settings_of_kind("positive")
 NONNEG_FLOATS = settings_of_kind("nonneg")
 # Kinds whose string values (from the CLI or a cfg file) parse as YAML scalars first; the others take text as it is.
 SCALAR_KINDS = {"int", "procs", "fraction", "positive", "nonneg", "enum", "bool", "bool_or_path", "any"}
+VARIANT_FLAGS = ("half", "int8", "nms")  # what may follow an export variant's format: onnx_half, openvino_int8, onnx_nms
 _SCHEMA_DEFAULT = object()
 
 
@@ -205,6 +206,46 @@ def _modules(key: str, rule: Setting, value: Any, default: Any) -> list[str] | N
     return names
 
 
+def parse_variant(token: Any) -> dict[str, Any]:
+    """An export variant (export_check=, `yolo-cb benchmark format=`): onnx, onnx_half, openvino_int8, onnx_nms, ... ->
+    {"format", "half", "int8", "nms"}; the formats are the `format` setting's choices. ConfigError naming what is known."""
+    fmt, *flags = str(token).strip().lower().split("_")
+    formats = RULES["format"].choices
+    if fmt not in formats or not set(flags) <= set(VARIANT_FLAGS):
+        raise ConfigError(f"{token!r} is not an export variant: use a format ({', '.join(formats)}) optionally followed by "
+                          f"{', '.join('_' + f for f in VARIANT_FLAGS)}, e.g. onnx,onnx_nms,openvino_int8")
+    return {"format": fmt, **{flag: flag in flags for flag in VARIANT_FLAGS}}
+
+
+def variant_conflict(fmt: str, half: bool, int8: bool, nms: bool) -> str | None:
+    """Why this format cannot take these options together (format= with half=/int8=/nms=, or a variant), or None."""
+    if half and int8:
+        return "half=True and int8=True exclude each other: pick one precision"
+    if fmt == "torchscript" and (int8 or nms):
+        return (f"format=torchscript supports neither int8 nor nms (got int8={int8}, nms={nms}); use format=onnx or "
+                f"format=openvino for those")
+    return None
+
+
+def _variants(key: str, rule: Setting, value: Any, default: Any) -> str | None:
+    """Export variants, comma separated or a list, each one checked (parse_variant), as one comma-separated string."""
+    if value in (None, "", [], False):
+        return None
+    tokens = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    if tokens is None:
+        raise _bad(key, value, "export variants, comma separated or a list, e.g. onnx,openvino_int8")
+    names = [str(token).strip().lower() for token in tokens if str(token).strip()]
+    for name in names:
+        try:
+            spec = parse_variant(name)
+        except ConfigError as error:
+            raise ConfigError(f"invalid value for '{key}': {error}") from None
+        conflict = variant_conflict(spec["format"], spec["half"], spec["int8"], spec["nms"])
+        if conflict:
+            raise ConfigError(f"invalid value for '{key}': {name!r}: {conflict}")
+    return ",".join(names) or None
+
+
 def _callbacks(key: str, rule: Setting, value: Any, default: Any) -> Any:
     if value not in (None, "", [], {}, False):
         check_callbacks(value)
@@ -303,5 +344,5 @@ COERCERS = {  # a setting's kind (yolo_cb/settings/schema.py) -> how a value of 
     "int": _int, "fraction": _float, "positive": _float, "nonneg": _float, "enum": _enum, "bool": _bool,
     "bool_or_path": _bool_or_path, "text": _text, "device": _device, "free": _as_is, "any": _as_is, "metric": _metric,
     "callbacks": _callbacks, "modules": _modules, "classes": _classes, "freeze": _freeze, "save_epochs": _save_epochs, "lr_scheduler": _lr_scheduler,
-    "procs": _procs,
+    "procs": _procs, "variants": _variants,
 }
