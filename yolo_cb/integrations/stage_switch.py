@@ -19,15 +19,15 @@ stored in checkpoints for the log line and idempotence. See docs/integrations.md
 from __future__ import annotations
 
 from yolo_cb.callbacks.registry import callback_alias, integration
+from yolo_cb.recipe.early_stop import Stage
 from yolo_cb.utils.log import LOGGER
 
 
 def switch_epoch(args, epochs: int) -> int | None:
-    """The 0-based epoch at which the no-augmentation stage starts, or None when it never does."""
-    if getattr(args, "next_stage_start_epoch", None) is not None:
-        return int(args.next_stage_start_epoch)
-    n = int(getattr(args, "close_mosaic", 0) or 0)
-    return max(int(epochs) - n, 0) if n > 0 else None
+    """The 0-based epoch at which the no-augmentation stage starts, or None when it never does (early stopping's Stage
+    computes it: one definition for the switch and for stop_close_mosaic)."""
+    start = getattr(args, "next_stage_start_epoch", None)
+    return Stage(int(getattr(args, "close_mosaic", 0) or 0), None if start is None else int(start)).start(int(epochs))
 
 
 def start_final_stage(criterion) -> str:

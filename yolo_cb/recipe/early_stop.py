@@ -37,8 +37,8 @@ class Stage(NamedTuple):
     policy: str = "skip"
 
     def start(self, run_epochs: int) -> int | None:
-        """The 0-based epoch at which the stage starts in a run of `run_epochs`, or None when there is none (as
-        yolo_cb/integrations/stage_switch.py switch_epoch)."""
+        """The 0-based epoch at which the stage starts in a run of `run_epochs`, or None when there is none (the stage
+        switch, yolo_cb/integrations/stage_switch.py, starts it there)."""
         if self.fixed_start is not None:
             return self.fixed_start
         return max(run_epochs - self.epochs, 0) if self.epochs > 0 else None
